@@ -1,0 +1,35 @@
+# One-command set-up: every target builds the virtual environment it needs first.
+#   make demo   - the main job (runs on a CPU with the built-in defaults)
+#   make test   - unit tests and every notebook under nbval
+#   make docs   - the HTML docs, offline, into docs/_build/html
+# Override the interpreter or the torch build, e.g. `make test PYTHON=python3.12 TORCH=torch`.
+PYTHON ?= python3
+VENV ?= .venv
+# The CPU wheel on these machines; a user's own torch (>= 2.4) is kept by `pip install -e`.
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: install demo test export clean-notebooks docs
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m aftalibi demo
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+# Write the notebooks' exported cells into aftalibi/*.py, and strip notebook metadata.
+export: $(STAMP)
+	$(BIN)/nbdev-export
+	$(BIN)/nbdev-clean --fname notebooks
+
+docs: $(STAMP)
+	$(BIN)/python -m sphinx -b html -q docs docs/_build/html

@@ -1,0 +1,74 @@
+"""The repository keeps its promises: notebooks and package agree, notebooks are committed
+clean, and environment.yml installs what pyproject.toml declares."""
+
+import json
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+import yaml
+from packaging.requirements import Requirement
+
+ROOT = Path(__file__).resolve().parent.parent
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+BIN = Path(sys.executable).parent
+# conda-forge names that differ from the PyPI names in pyproject.toml.
+CONDA_TO_PYPI = {"pytorch": "torch"}
+
+
+def copy_project(destination: Path) -> Path:
+    """The files nbdev reads and writes, copied so a test can run nbdev without touching the tree."""
+    shutil.copy(ROOT / "pyproject.toml", destination)
+    shutil.copytree(ROOT / "notebooks", destination / "notebooks")
+    shutil.copytree(ROOT / "aftalibi", destination / "aftalibi", ignore=shutil.ignore_patterns("__pycache__"))
+    return destination
+
+
+def read_tree(folder: Path) -> dict[str, str]:
+    return {str(p.relative_to(folder)): p.read_text() for p in sorted(folder.rglob("*.py"))}
+
+
+def test_there_are_notebooks():
+    assert NOTEBOOKS, "notebooks/ holds no notebook"
+
+
+def test_package_matches_notebooks(tmp_path):
+    """Re-exporting changes nothing: no notebook was edited without `make export`, no module by hand."""
+    project = copy_project(tmp_path)
+    subprocess.run([BIN / "nbdev-export"], cwd=project, check=True, capture_output=True)
+    before, after = read_tree(ROOT / "aftalibi"), read_tree(project / "aftalibi")
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    assert not changed, f"nbdev-export would change {changed}: run `make export` and commit the result"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_committed_clean(tmp_path, notebook):
+    """No execution counts or machine-specific metadata: `nbdev-clean` would leave the file as it is."""
+    project = copy_project(tmp_path)
+    copy = project / "notebooks" / notebook.name
+    subprocess.run([BIN / "nbdev-clean", "--fname", str(copy)], cwd=project, check=True, capture_output=True)
+    assert json.loads(copy.read_text()) == json.loads(notebook.read_text()), (
+        f"{notebook.name} is not clean: run `make export` (it runs nbdev-clean) and commit")
+
+
+def requirement_names(requirements) -> dict[str, str]:
+    """{normalised name: specifier} for requirement strings."""
+    parsed = (Requirement(r) for r in requirements)
+    return {r.name.lower().replace("_", "-"): str(r.specifier) for r in parsed}
+
+
+def test_environment_yml_matches_pyproject():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    declared = requirement_names(project["dependencies"] + project["optional-dependencies"]["dev"])
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    conda = [d for d in environment if isinstance(d, str)]
+    pip = next(d["pip"] for d in environment if isinstance(d, dict))
+    packages = [d for d in conda if not d.startswith(("python", "pip"))]
+    packages = [CONDA_TO_PYPI.get(Requirement(d).name, Requirement(d).name) + str(Requirement(d).specifier)
+                for d in packages]
+    packages += [d for d in pip if not d.startswith("-")]
+    assert requirement_names(packages) == declared, "environment.yml and pyproject.toml list different packages"
+    assert "-e ." in pip, "environment.yml must install aftalibi itself"
