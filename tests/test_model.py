@@ -1,0 +1,83 @@
+"""aftalibi.model: configuration checks, causality, tied embeddings and cached generation."""
+
+import math
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from aftalibi.model import POSITIONS, LanguageModel, ModelConfig, generate
+
+
+def small(**overrides) -> ModelConfig:
+    return ModelConfig(**{"vocab_size": 30, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, **overrides})
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+def test_causal_and_starts_near_uniform(position):
+    torch.manual_seed(0)
+    model = LanguageModel(small(position=position))
+    ids = torch.randint(0, 30, (2, 24))
+    logits, loss = model(ids, targets=torch.randint(0, 30, (2, 24)))
+    assert abs(loss.item() - math.log(30)) < 0.1
+    changed = ids.clone()
+    changed[:, 15:] = (changed[:, 15:] + 1) % 30
+    torch.testing.assert_close(model(changed)[0][:, :15], logits[:, :15], rtol=0, atol=0)
+
+
+def test_embeddings_are_tied_and_config_round_trips():
+    model = LanguageModel(small())
+    names = [name for name, _ in model.named_parameters()]
+    assert not any("head" in name for name in names)  # no separate output matrix
+    assert ModelConfig(**asdict(model.config)) == model.config
+
+
+@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("temperature,top_k", [(0.0, None), (1.0, 5)])
+def test_cached_generation_equals_recomputation(position, temperature, top_k):
+    torch.manual_seed(1)
+    model = LanguageModel(small(position=position)).double()
+    prompt = torch.randint(0, 30, (3, 4))
+    kwargs = dict(temperature=temperature, top_k=top_k)
+    cached = generate(model, prompt, 12, generator=torch.Generator().manual_seed(2), **kwargs)
+    recomputed = generate(model, prompt, 12, generator=torch.Generator().manual_seed(2), use_cache=False, **kwargs)
+    assert torch.equal(cached, recomputed) and cached.shape == (3, 16)
+    assert torch.equal(cached[:, :4], prompt)
+
+
+def test_padding_mask_reaches_the_mixers():
+    torch.manual_seed(3)
+    model = LanguageModel(small()).eval()
+    ids = torch.randint(0, 30, (1, 10))
+    padded = torch.cat([torch.zeros(1, 3, dtype=torch.long), ids], dim=1)
+    mask = torch.tensor([[0] * 3 + [1] * 10])
+    torch.testing.assert_close(model(padded, attention_mask=mask)[0][:, 3:], model(ids)[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("overrides,message", [
+    ({"mixer": "lstm"}, "unknown mixer 'lstm'; choose one of"),
+    ({"position": "relative"}, "unknown position encoding 'relative'"),
+    ({"n_heads": 3}, r"d_model \(32\) must be divisible by n_heads \(3\)"),
+    ({"n_layers": 0}, "n_layers must be >= 1"),
+])
+def test_bad_config_is_named(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        small(**overrides)
+
+
+def test_learned_positions_refuse_longer_sequences_and_name_alternatives():
+    model = LanguageModel(small(position="learned", max_len=8))
+    model(torch.zeros(1, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="longer than max_len=8 .* alibi, aft-simple, aft-conv"):
+        model(torch.zeros(1, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match="longer than max_len=8"):
+        generate(model, torch.zeros(1, 6, dtype=torch.long), 4)  # the 4th step reads 9 tokens
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    ({"temperature": -1.0}, "temperature must be >= 0"),
+    ({"top_k": 0}, r"top_k must be in \[1, vocab_size=30\]"),
+])
+def test_bad_generation_arguments(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(LanguageModel(small()), torch.zeros(1, 2, dtype=torch.long), 3, **kwargs)
