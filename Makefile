@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m aftalibi demo
+	$(BIN)/python -m aftalibi train
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

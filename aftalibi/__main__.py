@@ -3,10 +3,30 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import time
 from pathlib import Path
+
+
+def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
+    """One --option per field of `cls`, with the field's default and its `help` metadata."""
+    group = parser.add_argument_group(f"{cls.__name__} options")
+    for field in dataclasses.fields(cls):
+        if field.name in skip:
+            continue
+        flag = "--" + field.name.replace("_", "-")
+        help_text = field.metadata.get('help', '')
+        if field.type in (bool, "bool"):
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=help_text)
+        else:
+            kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
+            group.add_argument(flag, type=kind, default=field.default, help=help_text)
+
+
+def options_of(cls, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip}
 
 
 def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeout: int) -> list[Path]:
@@ -23,7 +43,8 @@ def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeo
     for path in notebooks:
         notebook = nbformat.read(path, as_version=4)
         start = time.perf_counter()
-        NotebookClient(notebook, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}).execute()
+        NotebookClient(notebook, timeout=timeout, kernel_name="python3",
+                       resources={"metadata": {"path": str(path.parent)}}).execute()
         target = path if out_dir is None else out_dir / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, target)
@@ -32,31 +53,100 @@ def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeo
     return written
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    from aftalibi.data import CorpusError
+    from aftalibi.model import ModelConfig
+    from aftalibi.train import CheckpointError, TrainConfig
+
     parser = argparse.ArgumentParser(prog="python -m aftalibi", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
 
-    demo = commands.add_parser("demo", help="the main job: execute every notebook headless on the CPU "
-                                            "and write the executed copies to --out")
-    demo.add_argument("--notebooks", type=Path, default=Path("notebooks"), help="folder of notebooks (default: notebooks)")
-    demo.add_argument("--out", type=Path, default=Path("runs/notebooks"), help="where executed copies go (default: runs/notebooks)")
-    demo.add_argument("--full", action="store_true", help="full-size runs instead of the fast mode (slow on a CPU)")
-    demo.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default: 1800)")
+    train_parser = commands.add_parser(
+        "train", help="train a language model (the defaults are the CPU demo)",
+        description="Train a character-level language model on Shakespeare. Every option has a default; "
+                    "the defaults train the CPU demo.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_dataclass_options(train_parser, ModelConfig, skip=("vocab_size",))
+    add_dataclass_options(train_parser, TrainConfig)
+    train_parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out-dir")
+    train_parser.add_argument("--session-steps", type=int, default=None,
+                              help="stop, with a checkpoint, after this many steps of this call")
+    train_parser.add_argument("--sample", type=int, default=300, help="characters to sample from the model at the end")
 
-    refresh = commands.add_parser("refresh-notebooks", help="re-execute notebooks in place in fast mode, so their "
-                                                            "stored outputs are what nbval compares against")
-    refresh.add_argument("notebooks", type=Path, nargs="+", help="notebook files to re-execute")
-    refresh.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default: 600)")
+    generate_parser = commands.add_parser("generate", help="sample text from a trained checkpoint")
+    generate_parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint.pt written by train")
+    generate_parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
+    generate_parser.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate (default: 500)")
+    generate_parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (default: 0.8)")
+    generate_parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
+    generate_parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+
+    notebooks_parser = commands.add_parser("run-notebooks", help="execute every notebook headless and write the "
+                                                                 "executed copies to --out")
+    notebooks_parser.add_argument("--notebooks", type=Path, default=Path("notebooks"), help="folder of notebooks (default: notebooks)")
+    notebooks_parser.add_argument("--out", type=Path, default=Path("runs/notebooks"), help="where executed copies go (default: runs/notebooks)")
+    notebooks_parser.add_argument("--full", action="store_true", help="full-size runs instead of the fast mode")
+    notebooks_parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default: 1800)")
+
+    refresh_parser = commands.add_parser("refresh-notebooks", help="re-execute notebooks in place in fast mode, so "
+                                                                   "their stored outputs are what nbval compares against")
+    refresh_parser.add_argument("notebooks", type=Path, nargs="+", help="notebook files to re-execute")
+    refresh_parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default: 600)")
 
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        found = sorted(args.notebooks.glob("[0-9]*.ipynb"))
-        if not found:
-            parser.error(f"no notebooks named NN_*.ipynb in {args.notebooks}")
-        written = run_notebooks(found, args.out, fast=not args.full, timeout=args.timeout)
-        print(f"executed {len(written)} notebooks; open the copies in {args.out.resolve()}")
-    elif args.command == "refresh-notebooks":
-        run_notebooks(args.notebooks, None, fast=True, timeout=args.timeout)
+    try:
+        if args.command == "train":
+            return train_command(args, ModelConfig, TrainConfig)
+        if args.command == "generate":
+            return generate_command(args)
+        if args.command == "run-notebooks":
+            found = sorted(args.notebooks.glob("[0-9]*.ipynb"))
+            if not found:
+                parser.error(f"no notebooks named NN_*.ipynb in {args.notebooks}")
+            written = run_notebooks(found, args.out, fast=not args.full, timeout=args.timeout)
+            print(f"executed {len(written)} notebooks; open the copies in {args.out.resolve()}")
+        elif args.command == "refresh-notebooks":
+            run_notebooks(args.notebooks, None, fast=True, timeout=args.timeout)
+    except (CorpusError, CheckpointError, ValueError) as error:
+        print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def train_command(args, ModelConfig, TrainConfig) -> int:
+    import torch
+
+    from aftalibi.model import generate
+    from aftalibi.train import load_checkpoint, model_from_checkpoint, train
+
+    config = TrainConfig(**options_of(TrainConfig, args))
+    start = time.perf_counter()
+    result = train(options_of(ModelConfig, args, skip=("vocab_size",)), config, resume=args.resume,
+                   session_steps=args.session_steps)
+    minutes = (time.perf_counter() - start) / 60
+    print(f"\nstep {result['step']}: validation loss {result['validation_loss']:.3f} nats/char, "
+          f"{result['tokens_per_second']:,.0f} tokens/s, {minutes:.1f} min; checkpoint: {result['checkpoint']}")
+    if args.sample:
+        model, tokenizer = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
+        prompt = tokenizer.encode("\n")[None]
+        sample = generate(model, prompt, args.sample, temperature=0.8, generator=torch.Generator().manual_seed(0))
+        print("\n--- sample ---" + tokenizer.decode(sample[0]))
+    return 0
+
+
+def generate_command(args) -> int:
+    import torch
+
+    from aftalibi.model import generate
+    from aftalibi.train import load_checkpoint, model_from_checkpoint
+
+    model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint))
+    prompt = tokenizer.encode(args.prompt)[None]
+    if prompt.shape[1] == 0:
+        raise ValueError("--prompt must hold at least one character")
+    ids = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   generator=torch.Generator().manual_seed(args.seed))
+    print(tokenizer.decode(ids[0]))
+    return 0
 
 
 if __name__ == "__main__":

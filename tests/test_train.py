@@ -1,0 +1,151 @@
+"""aftalibi.train and the command line: schedule, checkpoints, exact resumption, Ctrl-C, bad input."""
+
+import math
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+import aftalibi.train as training
+from aftalibi.__main__ import main
+from aftalibi.model import ModelConfig
+from aftalibi.train import (CheckpointError, TrainConfig, learning_rate_at, load_checkpoint, model_from_checkpoint,
+                            save_checkpoint, select_device, train)
+
+TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
+TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
+        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 60
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return str(path)
+
+
+def tiny_run(corpus_file, out_dir, **overrides) -> TrainConfig:
+    return TrainConfig(**{"corpus": corpus_file, "seq_len": 16, "batch_size": 4, "max_steps": 12, "eval_every": 4,
+                          "eval_windows": 8, "warmup_steps": 2, "out_dir": str(out_dir), **overrides})
+
+
+def test_learning_rate_schedule():
+    config = TrainConfig(max_steps=110, warmup_steps=10, learning_rate=1.0, min_learning_rate=0.1)
+    assert learning_rate_at(0, config) == pytest.approx(0.1)
+    assert learning_rate_at(9, config) == pytest.approx(1.0)
+    assert learning_rate_at(60, config) == pytest.approx(0.55)
+    assert learning_rate_at(110, config) == pytest.approx(0.1)
+    assert select_device("cpu") == torch.device("cpu")
+
+
+def test_training_lowers_the_loss_and_checkpoints(corpus_file, tmp_path):
+    result = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "run", max_steps=40, eval_every=20), quiet=True)
+    first, last = result["history"][0]["validation_loss"], result["history"][-1]["validation_loss"]
+    assert last < first < math.log(36)
+    model, tokenizer = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
+    assert model.config.vocab_size == len(tokenizer) and load_checkpoint(Path(result["checkpoint"]))["step"] == 40
+
+
+def test_resumed_run_reaches_the_same_losses(corpus_file, tmp_path):
+    straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight"), quiet=True)
+    config = tiny_run(corpus_file, tmp_path / "resumed")
+    assert train(TINY_MODEL, config, session_steps=6, quiet=True)["step"] == 6  # stops between two evaluations
+    resumed = train(TINY_MODEL, config, resume=True, quiet=True)
+    assert resumed["step"] == 12
+    assert resumed["history"] == straight["history"]
+
+
+def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, monkeypatch, capsys):
+    straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight"), quiet=True)
+    calls = {"n": 0}
+    draw = training.random_windows
+
+    def interrupted_draw(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 8:  # Ctrl-C while preparing step 8
+            raise KeyboardInterrupt
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(training, "random_windows", interrupted_draw)
+    config = tiny_run(corpus_file, tmp_path / "interrupted")
+    assert train(TINY_MODEL, config, quiet=True)["step"] == 7
+    assert "interrupted at step 7" in capsys.readouterr().out
+    monkeypatch.setattr(training, "random_windows", draw)
+    assert train(TINY_MODEL, config, resume=True, quiet=True)["history"] == straight["history"]
+
+
+def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, {"step": 1})
+
+    def crash(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(torch, "save", crash)
+    with pytest.raises(OSError):
+        save_checkpoint(path, {"step": 2})
+    assert load_checkpoint(path)["step"] == 1  # the old checkpoint is intact
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temporary left behind
+
+
+def test_bad_checkpoints_are_named(tmp_path):
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(tmp_path / "missing.pt")
+    (tmp_path / "garbage.pt").write_bytes(b"not a checkpoint at all")
+    with pytest.raises(CheckpointError, match="may be corrupted"):
+        load_checkpoint(tmp_path / "garbage.pt")
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not an aftalibi checkpoint"):
+        load_checkpoint(tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="incompatible"):
+        model_from_checkpoint({"model_config": {"vocab_size": 5, "colour": "red"}})
+
+
+def test_resume_with_another_vocabulary_is_refused(corpus_file, tmp_path):
+    config = tiny_run(corpus_file, tmp_path / "run", max_steps=4)
+    train(TINY_MODEL, config, quiet=True)
+    other = tmp_path / "other.txt"
+    other.write_text("0123456789 " * 200)
+    with pytest.raises(CheckpointError, match="vocabulary of 36 characters, the corpus .* has 11"):
+        train(TINY_MODEL, tiny_run(str(other), tmp_path / "run", max_steps=8), resume=True, quiet=True)
+
+
+def test_help_documents_every_option(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    for cls, skip in ((ModelConfig, {"vocab_size"}), (TrainConfig, set())):
+        for field in fields(cls):
+            if field.name not in skip:
+                assert "--" + field.name.replace("_", "-") in text
+                assert field.metadata["help"][:20] in " ".join(text.split())
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["--corpus", "no/such/file.txt"], "corpus file not found: no/such/file.txt"),
+    (["--mixer", "lstm"], "unknown mixer 'lstm'"),
+    (["--seq-len", "100000"], "fewer than seq_len"),
+    (["--position", "learned", "--max-len", "8"], "seq_len=16 is longer than this model's max_len=8"),
+])
+def test_cli_bad_input_is_one_line_and_leaves_no_files(corpus_file, tmp_path, capsys, arguments, message):
+    out_dir = tmp_path / "run"
+    base = ["train", "--corpus", corpus_file, "--seq-len", "16", "--out-dir", str(out_dir), "--max-steps", "2"]
+    assert main(base + arguments) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1
+    assert not out_dir.exists()
+
+
+def test_cli_train_then_generate(corpus_file, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    arguments = ["train", "--corpus", corpus_file, "--seq-len", "16", "--batch-size", "4", "--max-steps", "4",
+                 "--eval-every", "2", "--eval-windows", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
+                 "--d-ff", "32", "--out-dir", str(out_dir), "--sample", "20"]
+    assert main(arguments) == 0
+    assert "validation loss" in capsys.readouterr().out
+    assert main(["generate", "--checkpoint", str(out_dir / "checkpoint.pt"), "--prompt", "ROMEO:", "--max-new-tokens", "30"]) == 0
+    assert capsys.readouterr().out.startswith("ROMEO:")
+    (tmp_path / "broken.pt").write_bytes(b"\x00" * 10)
+    assert main(["generate", "--checkpoint", str(tmp_path / "broken.pt")]) == 2
+    assert "may be corrupted" in capsys.readouterr().err
