@@ -264,3 +264,11 @@ def test_layer_errors():
         AlibiMultiHeadAttention(32, 4, dropout=1.0)
     with pytest.raises(ValueError, match="x must have shape"):
         AlibiMultiHeadAttention(32, 4)(torch.randn(2, 5, 16))
+
+
+def test_float16_takes_the_float_bias_path_within_tolerance():
+    q, k, v = random_qkv(2, 4, 50, 50, 16)
+    slopes = get_slopes(4)
+    expected = alibi_attention_reference(q, k, v, slopes)
+    got = alibi_attention(q.half(), k.half(), v.half(), slopes)
+    assert got.dtype == torch.float16 and torch.allclose(got.double(), expected, atol=1e-2)
