@@ -13,10 +13,10 @@ def small(**overrides) -> ModelConfig:
     return ModelConfig(**{"vocab_size": 30, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, **overrides})
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-def test_causal_and_starts_near_uniform(position):
+@pytest.mark.parametrize("mixer,position", [("mha", p) for p in POSITIONS] + [("alibi", "none")])
+def test_causal_and_starts_near_uniform(mixer, position):
     torch.manual_seed(0)
-    model = LanguageModel(small(position=position))
+    model = LanguageModel(small(mixer=mixer, position=position))
     ids = torch.randint(0, 30, (2, 24))
     logits, loss = model(ids, targets=torch.randint(0, 30, (2, 24)))
     assert abs(loss.item() - math.log(30)) < 0.1
@@ -32,11 +32,11 @@ def test_embeddings_are_tied_and_config_round_trips():
     assert ModelConfig(**asdict(model.config)) == model.config
 
 
-@pytest.mark.parametrize("position", POSITIONS)
+@pytest.mark.parametrize("mixer,position", [("mha", p) for p in POSITIONS] + [("alibi", "none")])
 @pytest.mark.parametrize("temperature,top_k", [(0.0, None), (1.0, 5)])
-def test_cached_generation_equals_recomputation(position, temperature, top_k):
+def test_cached_generation_equals_recomputation(mixer, position, temperature, top_k):
     torch.manual_seed(1)
-    model = LanguageModel(small(position=position)).double()
+    model = LanguageModel(small(mixer=mixer, position=position)).double()
     prompt = torch.randint(0, 30, (3, 4))
     kwargs = dict(temperature=temperature, top_k=top_k)
     cached = generate(model, prompt, 12, generator=torch.Generator().manual_seed(2), **kwargs)
