@@ -1,0 +1,131 @@
+"""Time and measure one causal AFT-local layer, fwd + bwd, dense against fast, side by side.
+
+    python benchmarks/aft_local.py [--lengths 4096 8192] [--threads 2]
+
+Three layers on the same input (B=4, d=256, s=32 by default, float32), each including its four
+d x d projections (W_Q, W_K, W_V, W_O):
+
+- dense: the naive AFT-local, a `[T, T]` matrix exp(w') (w' = w inside the window, 0 outside,
+  -inf above the diagonal) times exp(K - max K) * V, with one max over the whole sequence;
+- fast: `aftalibi.aft.AFTLocal` (prefix sums + a band of expm1(w) as batched matmuls);
+- projections: the four projections alone, the floor of any such layer.
+
+Time: median of --repeats fwd+bwd runs after one warm-up. Peak memory: each (layer, T) runs in a
+fresh Python process; the figure is the growth of the process's peak resident set size
+(`ru_maxrss`) over one fwd+bwd, measured before anything else ran in it. That counts every byte
+the CPU allocator really touched (torch's CPU allocator has no peak counter of its own).
+"""
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+
+
+class DenseAFTLocal(nn.Module):
+    """The naive dense AFT-local layer: builds the `[T, T]` matrix exp(w')."""
+
+    def __init__(self, d_model: int, max_len: int, window: int):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
+        self.w = nn.Parameter(torch.zeros(max_len, max_len))
+        self.window = window
+
+    def forward(self, x):
+        length = x.shape[1]
+        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # t - t'
+        w = self.w[:length, :length].masked_fill(distance.abs() >= self.window, 0.0)
+        w = w.masked_fill(distance < 0, float("-inf"))  # causal
+        weights = torch.exp(k - k.amax(dim=1, keepdim=True))  # [B, T, d]
+        num = torch.exp(w) @ (weights * v)  # [T, T] @ [B, T, d]
+        den = torch.exp(w) @ weights
+        return self.out(torch.sigmoid(q) * num / den)
+
+
+class Projections(nn.Module):
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x):
+        return self.out(self.to_q(x) * self.to_k(x) * self.to_v(x))
+
+
+def make_layer(name: str, d_model: int, length: int, window: int) -> nn.Module:
+    from aftalibi.aft import AFTLocal
+    if name == "dense":
+        return DenseAFTLocal(d_model, length, window)
+    if name == "fast":
+        return AFTLocal(d_model, length, window, causal=True)
+    return Projections(d_model)
+
+
+def measure(name: str, batch: int, d_model: int, length: int, window: int, repeats: int, threads: int) -> dict:
+    """Run in a fresh process: peak memory of the first fwd+bwd, then the median time."""
+    torch.set_num_threads(threads)
+    torch.manual_seed(0)
+    layer = make_layer(name, d_model, length, window)
+    x = torch.randn(batch, length, d_model, requires_grad=True)
+    step = lambda: layer(x).sum().backward()  # noqa: E731
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    step()
+    peak_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # ru_maxrss is KiB on Linux
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "peak_mib": peak_mib}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", type=int, nargs="+", default=[4096, 8192])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--d-model", type=int, default=256)
+    parser.add_argument("--window", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dense-up-to", type=int, default=4096, help="skip the dense layer above this T")
+    parser.add_argument("--worker", nargs=2, metavar=("LAYER", "T"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        name, length = args.worker[0], int(args.worker[1])
+        print(json.dumps(measure(name, args.batch, args.d_model, length, args.window, args.repeats, args.threads)))
+        return
+    print(f"fwd+bwd of one causal AFT-local layer, B={args.batch}, d={args.d_model}, s={args.window}, "
+          f"{args.threads} threads, float32")
+    results = {}
+    for length in args.lengths:
+        for name in ("dense", "fast", "projections"):
+            if name == "dense" and length > args.dense_up_to:
+                continue
+            command = [sys.executable, __file__, "--worker", name, str(length), "--batch", str(args.batch),
+                       "--d-model", str(args.d_model), "--window", str(args.window),
+                       "--repeats", str(args.repeats), "--threads", str(args.threads)]
+            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+            results[name, length] = json.loads(output.strip().splitlines()[-1])
+    print(f"{'T':>6} {'dense':>16} {'fast':>16} {'projections':>16} {'dense/fast time':>16} "
+          f"{'fast/dense mem':>15} {'fast/proj':>10}")
+    for length in args.lengths:
+        fast, proj = results["fast", length], results["projections", length]
+        dense = results.get(("dense", length))
+        cell = lambda r: f"{r['seconds']:.3f}s {r['peak_mib']:>5.0f}MiB"  # noqa: E731
+        print(f"{length:>6} {cell(dense) if dense else '-':>16} {cell(fast):>16} {cell(proj):>16} "
+              f"{dense['seconds'] / fast['seconds'] if dense else float('nan'):>15.1f}x "
+              f"{fast['peak_mib'] / dense['peak_mib'] if dense else float('nan'):>15.2f} "
+              f"{fast['seconds'] / proj['seconds']:>9.2f}x")
+    for shorter, longer in zip(args.lengths, args.lengths[1:]):
+        ratio = results["fast", longer]["seconds"] / results["fast", shorter]["seconds"]
+        print(f"fast time T={longer} / T={shorter}: {ratio:.2f} (linear in T: {longer / shorter:.1f})")
+
+
+if __name__ == "__main__":
+    main()
