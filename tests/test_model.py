@@ -6,14 +6,16 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from aftalibi.model import POSITIONS, LanguageModel, ModelConfig, generate
+from aftalibi.model import MIXERS, POSITIONS, LanguageModel, ModelConfig, generate
+
+VARIANTS = [("mha", p) for p in POSITIONS] + [(m, "none") for m in MIXERS if m != "mha"]
 
 
 def small(**overrides) -> ModelConfig:
     return ModelConfig(**{"vocab_size": 30, "d_model": 32, "n_layers": 2, "n_heads": 4, "d_ff": 64, **overrides})
 
 
-@pytest.mark.parametrize("mixer,position", [("mha", p) for p in POSITIONS] + [("alibi", "none")])
+@pytest.mark.parametrize("mixer,position", VARIANTS)
 def test_causal_and_starts_near_uniform(mixer, position):
     torch.manual_seed(0)
     model = LanguageModel(small(mixer=mixer, position=position))
@@ -32,7 +34,7 @@ def test_embeddings_are_tied_and_config_round_trips():
     assert ModelConfig(**asdict(model.config)) == model.config
 
 
-@pytest.mark.parametrize("mixer,position", [("mha", p) for p in POSITIONS] + [("alibi", "none")])
+@pytest.mark.parametrize("mixer,position", VARIANTS)
 @pytest.mark.parametrize("temperature,top_k", [(0.0, None), (1.0, 5)])
 def test_cached_generation_equals_recomputation(mixer, position, temperature, top_k):
     torch.manual_seed(1)
@@ -68,7 +70,7 @@ def test_bad_config_is_named(overrides, message):
 def test_learned_positions_refuse_longer_sequences_and_name_alternatives():
     model = LanguageModel(small(position="learned", max_len=8))
     model(torch.zeros(1, 8, dtype=torch.long))
-    with pytest.raises(ValueError, match="longer than max_len=8 .* alibi, aft-simple, aft-conv"):
+    with pytest.raises(ValueError, match="longer than max_len=8 of the absolute positions of mha; .*alibi, aft-simple, aft-conv"):
         model(torch.zeros(1, 9, dtype=torch.long))
     with pytest.raises(ValueError, match="longer than max_len=8"):
         generate(model, torch.zeros(1, 6, dtype=torch.long), 4)  # the 4th step reads 9 tokens
@@ -81,3 +83,10 @@ def test_learned_positions_refuse_longer_sequences_and_name_alternatives():
 def test_bad_generation_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(LanguageModel(small()), torch.zeros(1, 2, dtype=torch.long), 3, **kwargs)
+
+
+@pytest.mark.parametrize("mixer", ["aft-full", "aft-local"])
+def test_aft_with_absolute_biases_is_bounded_by_max_len(mixer):
+    model = LanguageModel(small(mixer=mixer, max_len=8, window=4))
+    with pytest.raises(ValueError, match=f"max_len=8 of the absolute positions of {mixer}"):
+        model(torch.zeros(1, 9, dtype=torch.long))
