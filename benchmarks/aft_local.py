@@ -12,20 +12,17 @@ d x d projections (W_Q, W_K, W_V, W_O):
 
 Time: median of --repeats fwd+bwd runs after one warm-up. Peak memory: each (layer, T) runs in a
 fresh Python process; the figure is the growth of the process's peak resident set size
-(`ru_maxrss`) over one fwd+bwd, measured before anything else ran in it. That counts every byte
-the CPU allocator really touched (torch's CPU allocator has no peak counter of its own).
+(`ru_maxrss`) over one fwd+bwd, see `measure.py`.
 """
 
 import argparse
 import json
-import resource
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn as nn
+from measure import seconds_and_peak_mib
 
 
 class DenseAFTLocal(nn.Module):
@@ -74,15 +71,7 @@ def measure(name: str, batch: int, d_model: int, length: int, window: int, repea
     layer = make_layer(name, d_model, length, window)
     x = torch.randn(batch, length, d_model, requires_grad=True)
     step = lambda: layer(x).sum().backward()  # noqa: E731
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    step()
-    peak_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024  # ru_maxrss is KiB on Linux
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_mib": peak_mib}
+    return seconds_and_peak_mib(step, repeats)
 
 
 def main() -> None:

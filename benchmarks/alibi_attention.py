@@ -19,13 +19,11 @@ another measurement. Ratios are against the plain layer measured in the same run
 import argparse
 import json
 import math
-import resource
-import statistics
 import subprocess
 import sys
-import time
 
 import torch
+from measure import seconds_and_peak_mib
 
 
 def naive_layer(d_model: int, n_heads: int) -> torch.nn.Module:
@@ -61,11 +59,6 @@ def build(kind: str, d_model: int, n_heads: int) -> torch.nn.Module:
     return naive_layer(d_model, n_heads)
 
 
-def current_rss_kib() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * resource.getpagesize() // 1024
-
-
 def measure(kind: str, length: int, args) -> dict:
     """Run in a child process: peak memory of the first step, then the median time."""
     torch.set_num_threads(args.threads)
@@ -76,15 +69,7 @@ def measure(kind: str, length: int, args) -> dict:
     def step():
         layer(x).sum().backward()
 
-    before = current_rss_kib()
-    step()
-    peak_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
-    times = []
-    for _ in range(args.repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return {"seconds": statistics.median(times), "peak_mib": peak_mib}
+    return seconds_and_peak_mib(step, args.repeats)
 
 
 def main() -> None:

@@ -10,23 +10,11 @@ runs after one warm-up; ratios are relative to the fused causal path measured in
 """
 
 import argparse
-import statistics
-import time
-
 import torch
 import torch.nn.functional as F
 
 from aftalibi.attention import attention_reference, causal_mask
-
-
-def median_seconds(step, repeats: int) -> float:
-    step()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+from measure import median_seconds
 
 
 def main() -> None:
