@@ -31,5 +31,6 @@ export: $(STAMP)
 	$(BIN)/nbdev-export
 	$(BIN)/nbdev-clean --fname notebooks
 
+# Warnings are errors (-W), all of them reported (--keep-going); tests/test_docs.py builds the same way.
 docs: $(STAMP)
-	$(BIN)/python -m sphinx -b html -q docs docs/_build/html
+	$(BIN)/python -m sphinx -W --keep-going -b html -q docs docs/_build/html

@@ -1,11 +1,64 @@
-"""Sphinx configuration: the notebooks rendered with their stored outputs, and the API
-reference from the package's docstrings. Built offline by `make docs`."""
+"""Sphinx configuration: the notebooks rendered with their stored outputs, the API reference from
+the package's docstrings, and annotated source pages. `make docs` builds it offline: MathJax is
+served from the build itself (see _ext/offline_assets.py) and no page requests an outside URL."""
+
+import re
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "aftalibi"
 author = "the aftalibi developers"
-extensions = ["myst_nb", "sphinx.ext.autodoc", "sphinx.ext.napoleon", "sphinx.ext.viewcode"]
-# The notebooks are executed by the test suite; the docs show their committed outputs.
+extensions = [
+    "myst_nb",
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "offline_assets",
+    "notebook_pages",
+    "annotated_source",
+]
+# Every ../notebooks/*.ipynb is copied to notebooks/ at build time (see _ext/notebook_pages.py).
+# They are executed by the test suite; the docs show their committed outputs.
+notebook_pages_source = "../notebooks"
+notebook_pages_dir = "notebooks"
 nb_execution_mode = "off"
-exclude_patterns = ["_build"]
+# $...$, $$...$$ and \begin{...} environments in Markdown become math nodes for MathJax;
+# ::: fences hold directives (the annotated pages' two-column rows).
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
+# MathJax 3 (the bundled copy); an empty config would leave Sphinx configuring MathJax 4.
+mathjax3_config = {"chtml": {"displayAlign": "center"}}
+exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
+
+# Two-column pages of these modules, written to annotated/<module>.md at build time.
+annotated_source_modules = ["aftalibi.aft", "aftalibi.alibi"]
+annotated_source_dir = "annotated"
+annotated_source_notebook_dir = notebook_pages_dir
+
 html_theme = "alabaster"
+html_title = "aftalibi"
+html_theme_options = {
+    "show_relbar_top": True,  # previous / next links above and below every page
+    "show_relbar_bottom": True,
+    "page_width": "1100px",
+    "sidebar_width": "230px",
+}
+html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
+html_show_sourcelink = False
+
 autodoc_member_order = "bysource"
+# The docstrings write code in single backticks (Markdown style): show it as code in reST too.
+default_role = "code"
+
+
+def escape_bars(app, what, name, obj, options, lines):
+    """Docstrings write distances as |t - t'|, which reST reads as a substitution: escape the bars
+    outside `code` spans."""
+    for i, line in enumerate(lines):
+        parts = re.split(r"(`[^`]*`)", line)
+        lines[i] = "".join(p if p.startswith("`") else p.replace("|", r"\|") for p in parts)
+
+
+def setup(app):
+    app.connect("autodoc-process-docstring", escape_bars)
