@@ -10,6 +10,7 @@ sys.path.insert(0, str(Path(__file__).parent / "_ext"))
 
 project = "aftalibi"
 author = "the aftalibi developers"
+copyright = "the aftalibi developers, MIT License"
 extensions = [
     "myst_nb",
     "sphinx.ext.autodoc",
@@ -41,13 +42,17 @@ html_title = "aftalibi"
 html_theme_options = {
     "show_relbar_top": True,  # previous / next links above and below every page
     "show_relbar_bottom": True,
-    "page_width": "1100px",
+    "page_width": "1200px",
     "sidebar_width": "230px",
+    "body_max_width": "none",
 }
+html_static_path = ["_static"]  # custom.css: alabaster loads it after its own style
 html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
 html_show_sourcelink = False
 
 autodoc_member_order = "bysource"
+# A method without a docstring (most `forward`s) is not shown with torch's nn.Module text.
+autodoc_inherit_docstrings = False
 # The docstrings write code in single backticks (Markdown style): show it as code in reST too.
 default_role = "code"
 

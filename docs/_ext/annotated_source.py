@@ -58,6 +58,12 @@ def module_path(module: str) -> Path:
     return Path(spec.origin)
 
 
+def shown_path(module: str, path: Path) -> str:
+    """The module's file as a reader finds it in the repository: `aftalibi/aft.py`."""
+    package_root = module_path(module.split(".")[0]).parent.parent
+    return path.relative_to(package_root).as_posix() if path.is_relative_to(package_root) else path.name
+
+
 def notebook_notes(notebook: Path, cell_id: str) -> str:
     """The Markdown cells directly above the cell `cell_id` of `notebook`, in reading order."""
     if not notebook.is_file():
@@ -140,8 +146,6 @@ def definition_sections(lines: list[str], statements: list[ast.stmt], module: st
         if docstring:
             notes.append(docstring)
         label = prefix + opening.name
-        keep = lambda first, last: trim_blank(  # noqa: E731 - the code of lines [first, last) without the docstring
-            [line for n, line in enumerate(lines[first:last], first) if n not in docstring_lines])
         members = []
         if isinstance(opening, ast.ClassDef) and not prefix:
             documented = [m for m in opening.body if isinstance(m, DEFINITIONS)
@@ -150,11 +154,18 @@ def definition_sections(lines: list[str], statements: list[ast.stmt], module: st
                 members = [m for m in opening.body if first_line(m) >= first_line(documented[0])]
         if members:  # the class head, then a section per documented member
             head_end = comment_block_above(lines, first_line(members[0]))[0]
-            sections.append(Section(notes, keep(code_start, head_end), f"{module}.{label}", label))
+            code = code_without(lines, code_start, head_end, docstring_lines)
+            sections.append(Section(notes, code, f"{module}.{label}", label))
             sections += definition_sections(lines, members, module, stop, prefix=f"{label}.")
         else:
-            sections.append(Section(notes, keep(code_start, stop), f"{module}.{label}", label))
+            code = code_without(lines, code_start, stop, docstring_lines)
+            sections.append(Section(notes, code, f"{module}.{label}", label))
     return sections
+
+
+def code_without(lines: list[str], first: int, last: int, docstring_lines: range) -> list[str]:
+    """Lines [first, last) less the docstring's (which the notes show)."""
+    return trim_blank([line for n, line in enumerate(lines[first:last], first) if n not in docstring_lines])
 
 
 def module_sections(module: str, path: Path, notebook_folder: str) -> tuple[list[Section], list[Path]]:
@@ -221,17 +232,17 @@ def split_headings(markdown: str) -> list[tuple[int, str] | str]:
     return parts
 
 
-def render_page(module: str, path: Path, root: Path, notebook_folder: str) -> tuple[str, list[str]]:
+def render_page(module: str, notebook_folder: str) -> tuple[str, list[str]]:
     """The MyST source of the annotated page of `module`, and the qualified names it has targets for.
 
-    `root` is the repository (paths are shown relative to it); `notebook_folder` is the folder of
-    the docs whose pages are the notebooks."""
+    `notebook_folder` is the folder of the docs whose pages are the notebooks."""
+    path = module_path(module)
     sections, notebooks = module_sections(module, path, notebook_folder)
-    relative = path.relative_to(root) if path.is_relative_to(root) else path.name
+    relative = shown_path(module, path)
     out = [f"# `{relative}`, annotated", ""]
     origin = ""
     if notebooks:
-        links = ", ".join(f"[{nb.stem}](project:/{notebook_folder}/{nb.name})" for nb in notebooks)
+        links = ", ".join(f"[](project:/{notebook_folder}/{nb.name})" for nb in notebooks)  # the notebook's title
         origin = f" It is exported from the notebook {links}; the notes are the notebook's text above each exported cell."
     out += [
         f"The code of `{relative}` is on the right, cut at each exported cell and definition; on the left, "
@@ -295,16 +306,18 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 def generate_pages(app: Sphinx) -> None:
-    srcdir = Path(app.srcdir)
-    page_dir = app.config.annotated_source_dir
-    root = Path(app.confdir).parent
+    """Write the page of each listed module, and remove pages of modules no longer listed."""
+    page_dir = Path(app.srcdir) / app.config.annotated_source_dir
+    modules = app.config.annotated_source_modules
+    for stale in page_dir.glob("*.md"):
+        if stale.stem not in modules:
+            stale.unlink()
     app.env.annotated_source_targets = {}  # qualified name -> docname of its annotated page
-    for module in app.config.annotated_source_modules:
-        text, names = render_page(module, module_path(module), root, app.config.annotated_source_notebook_dir)
-        docname = f"{page_dir}/{module}"
-        write_if_changed(srcdir / f"{docname}.md", text)
-        for name in names:
-            app.env.annotated_source_targets[name] = docname
+    for module in modules:
+        text, names = render_page(module, app.config.annotated_source_notebook_dir)
+        write_if_changed(page_dir / f"{module}.md", text)
+        docname = f"{app.config.annotated_source_dir}/{module}"
+        app.env.annotated_source_targets.update(dict.fromkeys(names, docname))
 
 
 def link_api_to_annotated(app: Sphinx, doctree: nodes.document, docname: str) -> None:
