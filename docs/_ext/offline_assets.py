@@ -22,8 +22,9 @@ from sphinx.util.fileutil import copy_asset
 MATHJAX_FILES = ["tex-chtml.js", "input/tex/extensions", "output/chtml/fonts", "ui", "a11y", "sre"]
 
 
-def mathjax_es5() -> Path:
-    return Path(str(files("mathjax"))) / "static" / "mathjax" / "es5"
+def mathjax_root() -> Path:
+    """MathJax's distribution in the package: LICENSE, package.json and the es5 build."""
+    return Path(str(files("mathjax"))) / "static" / "mathjax"
 
 
 def use_bundled_mathjax(app: Sphinx, config) -> None:
@@ -33,10 +34,11 @@ def use_bundled_mathjax(app: Sphinx, config) -> None:
 def copy_mathjax(app: Sphinx, exception: Exception | None) -> None:
     if exception is not None or app.builder.format != "html":
         return
-    source, target = mathjax_es5(), Path(app.outdir) / "_static" / "mathjax"
+    source, target = mathjax_root() / "es5", Path(app.outdir) / "_static" / "mathjax"
     for part in MATHJAX_FILES:
         destination = target / part if (source / part).is_dir() else target
         copy_asset(source / part, destination)
+    copy_asset(mathjax_root() / "LICENSE", target)  # Apache-2.0, travels with the copy
 
 
 class RemoteImagesToText(SphinxTransform):
