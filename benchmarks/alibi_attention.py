@@ -5,22 +5,26 @@
 Three layers with the same projections (qkv Linear to 3 d, out Linear), SPEC.md's shapes
 (B=4, d=256, H=8, fp32):
 - plain: `MultiHeadAttention` (no positions), i.e. `scaled_dot_product_attention(is_causal=True)`;
-- alibi: `AlibiMultiHeadAttention`, whose causal path keeps `is_causal=True` by carrying the
-  bias m j inside the dot product (see `aftalibi.alibi`);
+- alibi: `AlibiMultiHeadAttention`, whose causal path keeps the `is_causal=True` kernel and carries
+  the bias as one per-key row m (j - c) shared by all queries (see `aftalibi.alibi`);
 - naive: explicit softmax with the `[B, H, T, T]` ALiBi bias (run up to --naive-max, it is slow).
 
-Time: median of --repeats fwd + bwd steps after one warm-up. Peak memory: each (layer, T) runs in
-a fresh child process; peak = the process's maximum resident set size (getrusage ru_maxrss) after
-one fwd + bwd minus its resident set just before it, so it counts every byte the step touched
-(activations, the autograd graph, kernel workspaces) whichever allocator made it, and nothing of
-another measurement. Ratios are against the plain layer measured in the same run.
+Time: for each T one child process builds the layers, warms each up once, then runs --repeats rounds
+of one fwd + bwd step of every layer in turn and takes each layer's median; interleaving puts every
+layer under the same machine load, so the ratios hold even on a busy machine. Peak memory: each
+(layer, T) runs in a fresh child process; peak = the process's maximum resident set size (getrusage
+ru_maxrss) after one fwd + bwd minus its resident set just before it, so it counts every byte the
+step touched (activations, the autograd graph, kernel workspaces) whichever allocator made it, and
+nothing of another measurement. Ratios are against the plain layer measured in the same run.
 """
 
 import argparse
 import json
 import math
+import statistics
 import subprocess
 import sys
+import time
 
 import torch
 from measure import seconds_and_peak_mib
@@ -59,9 +63,8 @@ def build(kind: str, d_model: int, n_heads: int) -> torch.nn.Module:
     return naive_layer(d_model, n_heads)
 
 
-def measure(kind: str, length: int, args) -> dict:
-    """Run in a child process: peak memory of the first step, then the median time."""
-    torch.set_num_threads(args.threads)
+def layer_step(kind: str, length: int, args):
+    """A fresh seeded layer of `kind` and its input; returns one fwd + bwd step."""
     torch.manual_seed(0)
     layer = build(kind, args.d_model, args.heads)
     x = torch.randn(args.batch, length, args.d_model, requires_grad=True)
@@ -69,7 +72,28 @@ def measure(kind: str, length: int, args) -> dict:
     def step():
         layer(x).sum().backward()
 
-    return seconds_and_peak_mib(step, args.repeats)
+    return step
+
+
+def peak_memory(kind: str, length: int, args) -> dict:
+    """Run in a fresh child process: the peak memory of the layer's first fwd + bwd step."""
+    torch.set_num_threads(args.threads)
+    return {"peak_mib": seconds_and_peak_mib(layer_step(kind, length, args), repeats=1)["peak_mib"]}
+
+
+def interleaved_seconds(kinds: list[str], length: int, args) -> dict:
+    """Run in a child process: {kind: median seconds of one fwd + bwd}, the layers timed in turn each round."""
+    torch.set_num_threads(args.threads)
+    steps = {kind: layer_step(kind, length, args) for kind in kinds}
+    for step in steps.values():  # warm-up
+        step()
+    times = {kind: [] for kind in kinds}
+    for _ in range(args.repeats):
+        for kind, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[kind].append(time.perf_counter() - start)
+    return {kind: statistics.median(seconds) for kind, seconds in times.items()}
 
 
 def main() -> None:
@@ -84,7 +108,10 @@ def main() -> None:
     parser.add_argument("--child", nargs=2, metavar=("KIND", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child[0], int(args.child[1]), args)))
+        kind, length = args.child[0], int(args.child[1])
+        result = (interleaved_seconds(kind.split(","), length, args) if "," in kind
+                  else peak_memory(kind, length, args))
+        print(json.dumps(result))
         return
 
     def run(kind: str, length: int) -> dict:
@@ -93,12 +120,14 @@ def main() -> None:
         return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
     print(f"B={args.batch} d={args.d_model} H={args.heads} fp32 fwd+bwd, {args.threads} threads, "
-          f"torch {torch.__version__}; median of {args.repeats}")
+          f"torch {torch.__version__}; median of {args.repeats} interleaved rounds")
     print(f"{'T':>5} | {'plain SDPA':>18} | {'ALiBi layer':>18} | {'naive ALiBi':>18} | "
           f"{'alibi/plain time':>16} {'alibi/plain mem':>15} | {'naive/alibi time':>16}")
     for length in args.lengths:
-        plain, alibi = run("plain", length), run("alibi", length)
-        naive = run("naive", length) if length <= args.naive_max else None
+        kinds = ["plain", "alibi"] + (["naive"] if length <= args.naive_max else [])
+        seconds = run(",".join(kinds), length)  # timed side by side, interleaved
+        result = {kind: {"seconds": seconds[kind], **run(kind, length)} for kind in kinds}
+        plain, alibi, naive = result["plain"], result["alibi"], result.get("naive")
         cell = lambda r: "-" if r is None else f"{r['seconds']:.3f} s {r['peak_mib']:6.0f} MiB"
         speedup = "-" if naive is None else f"{naive['seconds'] / alibi['seconds']:.1f}x"
         print(f"{length:>5} | {cell(plain):>18} | {cell(alibi):>18} | {cell(naive):>18} | "
