@@ -1,6 +1,7 @@
 """Time and peak memory of one causal ALiBi attention layer, fwd + bwd, against its yardsticks.
 
     flock /tmp/aftalibi-bench.lock .venv/bin/python benchmarks/alibi_attention.py [--lengths 1024 2048 4096]
+    flock /tmp/aftalibi-bench.lock .venv/bin/python benchmarks/alibi_attention.py --flex --lengths 2048
 
 Three layers with the same projections (qkv Linear to 3 d, out Linear), SPEC.md's shapes
 (B=4, d=256, H=8, fp32):
@@ -81,19 +82,62 @@ def peak_memory(kind: str, length: int, args) -> dict:
     return {"peak_mib": seconds_and_peak_mib(layer_step(kind, length, args), repeats=1)["peak_mib"]}
 
 
+def interleaved_medians(steps: dict, repeats: int) -> dict:
+    """{name: median seconds}: each step warmed up once, then `repeats` rounds calling every step in turn."""
+    for step in steps.values():
+        step()
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 def interleaved_seconds(kinds: list[str], length: int, args) -> dict:
     """Run in a child process: {kind: median seconds of one fwd + bwd}, the layers timed in turn each round."""
     torch.set_num_threads(args.threads)
-    steps = {kind: layer_step(kind, length, args) for kind in kinds}
-    for step in steps.values():  # warm-up
-        step()
-    times = {kind: [] for kind in kinds}
-    for _ in range(args.repeats):
-        for kind, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[kind].append(time.perf_counter() - start)
-    return {kind: statistics.median(seconds) for kind, seconds in times.items()}
+    return interleaved_medians({kind: layer_step(kind, length, args) for kind in kinds}, args.repeats)
+
+
+def flex_inference(length: int, args) -> dict:
+    """No-grad forward on `[B, H, T, d_head]`: plain causal SDPA, `alibi_attention`, compiled FlexAttention.
+
+    FlexAttention gets the ALiBi bias as a score_mod and causality as a block mask; it is compiled once
+    (the compile time is reported, not timed). Its CPU backward is tried and its error reported.
+    """
+    import torch.nn.functional as F
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    from aftalibi.alibi import alibi_attention, get_slopes
+
+    torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(args.batch, args.heads, length, args.d_model // args.heads) for _ in range(3))
+    slopes = get_slopes(args.heads)
+
+    def alibi_score(score, batch, head, query, key):
+        return score - slopes[head] * (query - key)
+
+    causal = create_block_mask(lambda batch, head, query, key: key <= query, None, None, length, length, device="cpu")
+    flex = torch.compile(flex_attention)
+    steps = {"plain": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+             "alibi": lambda: alibi_attention(q, k, v, slopes),
+             "flex": lambda: flex(q, k, v, score_mod=alibi_score, block_mask=causal)}
+    with torch.no_grad():
+        start = time.perf_counter()
+        flex_out = steps["flex"]()
+        compile_seconds = time.perf_counter() - start
+        max_difference = (flex_out - steps["alibi"]()).abs().max().item()
+        seconds = interleaved_medians(steps, args.repeats)
+    try:
+        flex_attention(q.requires_grad_(True), k, v, score_mod=alibi_score, block_mask=causal).sum().backward()
+        backward = "works"
+    except NotImplementedError as error:
+        backward = f"NotImplementedError: {error}"
+    return {"seconds": seconds, "compile_seconds": compile_seconds, "max_difference": max_difference,
+            "backward": backward}
 
 
 def main() -> None:
@@ -105,12 +149,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--naive-max", type=int, default=2048, help="longest T for the slow naive layer")
+    parser.add_argument("--flex", action="store_true",
+                        help="instead: no-grad forward of alibi_attention vs compiled FlexAttention (CPU inference)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         kind, length = args.child[0], int(args.child[1])
-        result = (interleaved_seconds(kind.split(","), length, args) if "," in kind
-                  else peak_memory(kind, length, args))
+        if kind == "flex":
+            result = flex_inference(length, args)
+        elif "," in kind:
+            result = interleaved_seconds(kind.split(","), length, args)
+        else:
+            result = peak_memory(kind, length, args)
         print(json.dumps(result))
         return
 
@@ -119,6 +169,17 @@ def main() -> None:
             f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("batch", "d-model", "heads", "repeats", "threads")]
         return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
+    if args.flex:
+        print(f"B={args.batch} d={args.d_model} H={args.heads} fp32 no-grad forward, {args.threads} threads, "
+              f"torch {torch.__version__}; median of {args.repeats} interleaved rounds")
+        for length in args.lengths:
+            flex = run("flex", length)
+            seconds = flex["seconds"]
+            print(f"T={length}: plain SDPA {seconds['plain']:.3f} s, alibi_attention {seconds['alibi']:.3f} s, "
+                  f"compiled FlexAttention {seconds['flex']:.3f} s (compile {flex['compile_seconds']:.0f} s), "
+                  f"flex/alibi {seconds['flex'] / seconds['alibi']:.2f}x, max |flex - alibi| "
+                  f"{flex['max_difference']:.1e}; FlexAttention backward on CPU: {flex['backward']}")
+        return
     print(f"B={args.batch} d={args.d_model} H={args.heads} fp32 fwd+bwd, {args.threads} threads, "
           f"torch {torch.__version__}; median of {args.repeats} interleaved rounds")
     print(f"{'T':>5} | {'plain SDPA':>18} | {'ALiBi layer':>18} | {'naive ALiBi':>18} | "
