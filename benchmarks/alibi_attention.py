@@ -104,8 +104,8 @@ def interleaved_seconds(kinds: list[str], length: int, args) -> dict:
 def flex_inference(length: int, args) -> dict:
     """No-grad forward on `[B, H, T, d_head]`: plain causal SDPA, `alibi_attention`, compiled FlexAttention.
 
-    FlexAttention gets the ALiBi bias as a score_mod and causality as a block mask; it is compiled once
-    (the compile time is reported, not timed). Its CPU backward is tried and its error reported.
+    FlexAttention gets the ALiBi bias as a score_mod and causality as a block mask; it is compiled once,
+    its compile time reported apart from the medians. Its CPU backward is tried, the exception reported.
     """
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
