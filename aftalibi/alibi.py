@@ -92,6 +92,105 @@ def alibi_attention_reference(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *
     return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
 
 # %% ../notebooks/03_alibi.ipynb #18ed49e7
+# The CPU flash-attention kernel that `scaled_dot_product_attention` dispatches to, called directly: unlike
+# the public function it takes the causal flag and a float bias together, and returns each row's log-sum-exp.
+_flash_attention_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_flash_attention_cpu_backward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+_QUERY_BLOCK = 2048  # queries sharing one centre c: the fp32 bias error stays near 2^-24 m _QUERY_BLOCK / 2
+
+
+def _key_bias(slopes: Tensor, n_keys: int, n_queries: int, centre: float, dtype: torch.dtype) -> Tensor:
+    """The per-key bias m (j - centre) for keys j < n_keys, one row broadcast (stride 0) to every query.
+
+    Returns `[1, H, n_queries, n_keys]` whose rows all share one `[H, n_keys]` buffer: nothing T x T exists.
+    """
+    key_position = torch.arange(n_keys, device=slopes.device, dtype=torch.float64) - centre  # [T_k], j - c
+    per_key = (slopes.to(torch.float64)[:, None] * key_position).to(dtype)  # [H, T_k]
+    return per_key[None, :, None, :].expand(1, -1, n_queries, -1)
+
+
+def _query_blocks(length: int, block: int):
+    """Each block of queries [start, end) with its centre and its parts (first key, end key, causal):
+
+    the keys of the block itself (causal, top-left aligned as the kernel wants) and all earlier keys
+    (no mask needed: they are all in the past).
+    """
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        parts = [(start, end, True)] + ([(0, start, False)] if start else [])
+        yield start, end, (start + end - 1) / 2, parts
+
+
+class _BlockwiseCausalAlibi(torch.autograd.Function):
+    """Causal ALiBi over blocks of queries, each block with its own centre, merged by log-sum-exp.
+
+    Forward: a block's two parts give (o_p, lse_p); lse = log(sum_p exp lse_p) and
+    o = sum_p exp(lse_p - lse) o_p is the softmax over all its keys. Backward: the kernel's backward,
+    given the merged o and lse, yields each part's share of the gradients (P = exp(s - lse) is then the
+    true attention weight), so dq sums over parts and dk, dv over the query blocks that saw each key.
+    """
+
+    @staticmethod
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int, bias_dtype: torch.dtype) -> Tensor:
+        batch, n_heads, length, d_head = q.shape
+        scale = 1.0 / math.sqrt(d_head)
+        out = q.new_empty(batch, length, n_heads, d_head).transpose(1, 2)  # [B, H, T, d_head], the kernel's layout
+        lse = torch.empty(batch, n_heads, length, device=q.device, dtype=bias_dtype)  # [B, H, T]
+        for start, end, centre, parts in _query_blocks(length, block):
+            bias = _key_bias(slopes, end, end - start, centre, bias_dtype)  # [1, H, block, end]
+            merged_out = merged_lse = None
+            for first, last, causal in parts:
+                part_out, part_lse = _flash_attention_cpu(q[:, :, start:end], k[:, :, first:last], v[:, :, first:last],
+                                                          0.0, causal, attn_mask=bias[..., first:last], scale=scale)
+                part_out, part_lse = part_out.to(bias_dtype), part_lse.to(bias_dtype)
+                if merged_out is None:
+                    merged_out, merged_lse = part_out, part_lse
+                else:
+                    total = torch.logaddexp(merged_lse, part_lse)  # [B, H, block]
+                    merged_out = (merged_out * (merged_lse - total).exp()[..., None]
+                                  + part_out * (part_lse - total).exp()[..., None])
+                    merged_lse = total
+            out[:, :, start:end] = merged_out
+            lse[:, :, start:end] = merged_lse
+        ctx.save_for_backward(q, k, v, slopes, out, lse)
+        ctx.block, ctx.bias_dtype = block, bias_dtype
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor):
+        q, k, v, slopes, out, lse = ctx.saved_tensors
+        length, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
+        grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for start, end, centre, parts in _query_blocks(length, ctx.block):
+            bias = _key_bias(slopes, end, end - start, centre, ctx.bias_dtype)
+            for first, last, causal in parts:
+                part_grads = _flash_attention_cpu_backward(
+                    grad_out[:, :, start:end], q[:, :, start:end], k[:, :, first:last], v[:, :, first:last],
+                    out[:, :, start:end], lse[:, :, start:end], 0.0, causal, attn_mask=bias[..., first:last], scale=scale)
+                grad_q[:, :, start:end] += part_grads[0]
+                grad_k[:, :, first:last] += part_grads[1]
+                grad_v[:, :, first:last] += part_grads[2]
+        return grad_q, grad_k, grad_v, None, None, None
+
+
+def _alibi_causal_flash_cpu(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int = _QUERY_BLOCK) -> Tensor:
+    """Causal ALiBi on the CPU flash kernel: `is_causal=True` plus the per-key bias m (j - c), `[B, H, T, d_head]`.
+
+    Identity: for j <= i, -m (i - j) = m (j - c) - m (i - c), and softmax ignores the per-row constant
+    m (i - c), so a bias that is the same for every query (a stride-0 row) is exact. Its float32
+    rounding grows with |j - c|, so c is the centre of each block of at most `block` queries; up to one
+    block this is a single kernel call, with the kernel's own backward.
+    """
+    bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # bf16 scores still get an fp32 bias
+    slopes = slopes.to(q.device)
+    length = q.shape[-2]
+    if length <= block:
+        bias = _key_bias(slopes, length, length, (length - 1) / 2, bias_dtype)  # [1, H, T, T], stride 0 on queries
+        return _flash_attention_cpu(q, k, v, 0.0, True, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))[0]
+    return _BlockwiseCausalAlibi.apply(q, k, v, slopes, block, bias_dtype)
+
+
 def _split_exactly(x: Tensor, dtype: torch.dtype, n_parts: int) -> list[Tensor]:
     """Write `x` as a sum of `n_parts` tensors of `dtype` (each the rounding of what is left)."""
     parts, rest = [], x
@@ -103,10 +202,9 @@ def _split_exactly(x: Tensor, dtype: torch.dtype, n_parts: int) -> list[Tensor]:
 
 
 def _alibi_causal_fused(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, dropout_p: float) -> Tensor:
-    """Causal ALiBi on SDPA's `is_causal=True` kernel, the bias riding in the dot product.
+    """Causal ALiBi on the public SDPA's `is_causal=True` kernel (any device, dropout): the bias rides in the dot product.
 
-    Identity: for j <= i, -m (i - j) = m (j - c) - m (i - c), and softmax ignores the per-row
-    constant, so the bias is the per-key term m (j - c); c = (T - 1) / 2 halves its largest value.
+    The same per-key bias m (j - c) as `_alibi_causal_flash_cpu`, one centre c = (T - 1) / 2 for all queries.
     With q' = [q, 1] and k' = [k, m (j - c) sqrt(d_head)], q'.k' / sqrt(d_head) = q.k / sqrt(d_head)
     + m (j - c). In bf16 the column is stored as a sum of three bf16 parts (each exact) that the kernel
     adds in float32, so the bias keeps float32 precision. v gets zero columns (the kernel wants equal
@@ -151,9 +249,13 @@ def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *, causal: 
     check_tensor("slopes", slopes, (n_heads,), "[H]")
     if q_len > k_len:
         raise ValueError(f"q must not have more positions than k, got T_q={q_len}, T_k={k_len}")
-    fused_dtype = q.dtype in (torch.float32, torch.float64, torch.bfloat16)
-    if (causal and attention_mask is None and q_len == k_len and fused_dtype and not slopes.requires_grad
-            and v.shape[-1] == d_head):
+    # Causal, unpadded, a whole sequence: the per-key bias on an is_causal kernel (CPU flash, else the extra dimension).
+    per_key_bias = (causal and attention_mask is None and q_len == k_len and v.shape[-1] == d_head
+                    and q.dtype in (torch.float32, torch.float64, torch.bfloat16) and not slopes.requires_grad)
+    if (per_key_bias and q.device.type == "cpu" and dropout_p == 0.0 and _flash_attention_cpu is not None
+            and _flash_attention_cpu_backward is not None):
+        return _alibi_causal_flash_cpu(q, k, v, slopes)
+    if per_key_bias:
         return _alibi_causal_fused(q, k, v, slopes, dropout_p)
     if attention_mask is None and not slopes.requires_grad:
         bias = _cached_bias(tuple(slopes.tolist()), q_len, k_len, causal, q.device, q.dtype)  # [1, H, T_q, T_k]
