@@ -141,7 +141,7 @@ class ExtrapolationConfig:
     extend_absolute: bool = field(default=True, metadata={"help": "run aft-local and aft-full past L by their relative extension (else n/a)"})
     sweep_variant: str = field(default="aft-local", metadata={"help": "AFT variant of the window-size sweep"})
     sweep_windows: tuple[int, ...] = field(default=(2, 4, 8, 16, 32, 64), metadata={"help": "windows s of the sweep (empty: no sweep)"})
-    sweep_seeds: tuple[int, ...] = field(default=(0, 1), metadata={"help": "seeds of each window of the sweep"})
+    sweep_seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "seeds of each window of the sweep"})
 
     def __post_init__(self):
         for name in ("factors", "variants", "seeds", "sweep_windows", "sweep_seeds"):
