@@ -175,19 +175,29 @@ def add_extrapolate_parser(commands) -> None:
                             metavar="NAME" if name == "variants" else "N", help=field.metadata["help"])
     parser.add_argument("--out", type=Path, default=Path("notebooks/results/extrapolation.json"),
                         help="where the results JSON is written")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of torch (default: torch's choice); 1 is fastest on a CPU shared with other jobs")
 
 
 def extrapolate_command(args, argv: list[str]) -> int:
     import shlex
+
+    import torch
 
     from aftalibi.extrapolate import ExtrapolationConfig, run_experiment, save_results
 
     config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
     if args.out.is_dir():
         raise ValueError(f"--out must be a file path, {args.out} is a folder")
-    results = run_experiment(config, log=lambda line: print(line, flush=True))
-    results["command"] = "python -m aftalibi " + " ".join(shlex.quote(arg) for arg in argv)
-    print(f"wrote {save_results(results, args.out)} ({results['wall_seconds'] / 60:.1f} min)")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    command = "python -m aftalibi " + " ".join(shlex.quote(arg) for arg in argv)
+    # After every model the results so far are saved (marked incomplete), so a stopped run keeps them.
+    checkpoint = lambda results: save_results({**results, "command": command}, args.out)  # noqa: E731
+    results = run_experiment(config, log=lambda line: print(line, flush=True), checkpoint=checkpoint)
+    print(f"wrote {checkpoint(results)} ({results['wall_seconds'] / 60:.1f} min)")
     return 0
 
 

