@@ -92,12 +92,16 @@ def main(argv: list[str] | None = None) -> int:
     refresh_parser.add_argument("notebooks", type=Path, nargs="+", help="notebook files to re-execute")
     refresh_parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default: 600)")
 
+    add_extrapolate_parser(commands)
+
     args = parser.parse_args(argv)
     try:
         if args.command == "train":
             return train_command(args, ModelConfig, TrainConfig)
         if args.command == "generate":
             return generate_command(args)
+        if args.command == "extrapolate":
+            return extrapolate_command(args, sys.argv[1:] if argv is None else argv)
         if args.command == "run-notebooks":
             found = sorted(args.notebooks.glob("[0-9]*.ipynb"))
             if not found:
@@ -146,6 +150,54 @@ def generate_command(args) -> int:
     ids = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    generator=torch.Generator().manual_seed(args.seed))
     print(tokenizer.decode(ids[0]))
+    return 0
+
+
+# The options of `extrapolate` that take several values: ExtrapolationConfig's tuple fields.
+EXTRAPOLATE_LISTS = {"factors": int, "variants": str, "seeds": int, "sweep_windows": int, "sweep_seeds": int}
+
+
+def add_extrapolate_parser(commands) -> None:
+    from aftalibi.extrapolate import VARIANTS, ExtrapolationConfig
+
+    parser = commands.add_parser(
+        "extrapolate", help="train every variant at one length and evaluate it at longer ones (train short, test long)",
+        description="Train every variant with the same budget at --train-len L, then score the validation plays at "
+                    "each multiple of L in --factors, on non-overlapping windows and with a sliding window, and "
+                    "sweep the AFT window size; writes the results as JSON to --out.",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    add_dataclass_options(parser, ExtrapolationConfig, skip=tuple(EXTRAPOLATE_LISTS))
+    defaults = {field.name: field for field in dataclasses.fields(ExtrapolationConfig)}
+    for name, kind in EXTRAPOLATE_LISTS.items():
+        field = defaults[name]
+        parser.add_argument("--" + name.replace("_", "-"), type=kind, nargs="*" if name.startswith("sweep") else "+",
+                            default=list(field.default), choices=list(VARIANTS) if name == "variants" else None,
+                            metavar="NAME" if name == "variants" else "N", help=field.metadata["help"])
+    parser.add_argument("--out", type=Path, default=Path("notebooks/results/extrapolation.json"),
+                        help="where the results JSON is written")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads of torch (default: torch's choice); 1 is fastest on a CPU shared with other jobs")
+
+
+def extrapolate_command(args, argv: list[str]) -> int:
+    import shlex
+
+    import torch
+
+    from aftalibi.extrapolate import ExtrapolationConfig, run_experiment, save_results
+
+    config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
+    if args.out.is_dir():
+        raise ValueError(f"--out must be a file path, {args.out} is a folder")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        torch.set_num_threads(args.threads)
+    command = "python -m aftalibi " + " ".join(shlex.quote(arg) for arg in argv)
+    # After every model the results so far are saved (marked incomplete), so a stopped run keeps them.
+    checkpoint = lambda results: save_results({**results, "command": command}, args.out)  # noqa: E731
+    results = run_experiment(config, log=lambda line: print(line, flush=True), checkpoint=checkpoint)
+    print(f"wrote {checkpoint(results)} ({results['wall_seconds'] / 60:.1f} min)")
     return 0
 
 

@@ -1,0 +1,226 @@
+"""aftalibi.extrapolate and `python -m aftalibi extrapolate`: sliding-window scoring, what runs past the
+training length, the results file, and the command line's bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from aftalibi.__main__ import main
+from aftalibi.aft import band_of
+from aftalibi.extrapolate import (MODES, RESULTS_FORMAT, ExtrapolationConfig, NotApplicable, evaluate_lengths,
+                                  extend_to_length, load_results, results_table, run_experiment, save_results,
+                                  summarize, token_losses, window_starts)
+from aftalibi.model import LanguageModel, ModelConfig
+from aftalibi.train import evaluate
+
+TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
+        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 40
+TINY = {"train_len": 8, "factors": (1, 2, 4), "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "window": 4,
+        "steps": 3, "batch_size": 2, "warmup_steps": 1, "eval_tokens": 64, "sweep_windows": (2, 4), "sweep_seeds": (0,)}
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models run fastest on one thread (and much faster than on two when the CPU is shared)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def tiny_model(**overrides) -> LanguageModel:
+    torch.manual_seed(0)
+    config = {"vocab_size": 11, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "max_len": 16, "window": 4}
+    return LanguageModel(ModelConfig(**{**config, **overrides})).eval()
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return str(path)
+
+
+@pytest.mark.parametrize("n_targets", [5, 16, 37])
+@pytest.mark.parametrize("window", [1, 4, 5])
+def test_window_plan_scores_every_target_once(n_targets, window):
+    for stride in range(1, window + 1):
+        starts = window_starts(n_targets, window, stride)
+        scored = list(range(window)) + [s + r for s in starts[1:].tolist() for r in range(window - stride, window)]
+        assert scored == list(range(len(scored)))  # each target once, in order, none skipped
+        assert n_targets - stride < len(scored) <= n_targets  # only a tail shorter than one stride is left out
+        assert starts[-1] + window <= n_targets  # no window runs past the targets
+
+
+@pytest.mark.parametrize("mixer", ["mha", "alibi", "aft-conv"])
+def test_sliding_losses_are_each_targets_loss_with_its_own_context(mixer):
+    """Target i is scored once, by the model run on exactly the context its window gives it."""
+    model = tiny_model(mixer=mixer)
+    tokens = torch.randint(0, 11, (30,))
+    window, stride = 8, 3
+    losses = token_losses(model, tokens, window, stride, batch_tokens=16)  # several batches
+    n_scored = window + stride * ((len(tokens) - 1 - window) // stride)
+    assert losses.shape == (n_scored,)
+    for i in range(n_scored):
+        context_start = 0 if i < window else stride * math.ceil((i - window + 1) / stride)
+        logits, _ = model(tokens[None, context_start:i + 1])
+        expected = F.cross_entropy(logits[0, -1:], tokens[i + 1:i + 2])
+        assert losses[i].item() == pytest.approx(expected.item(), abs=1e-5)
+
+
+def test_stride_equal_to_window_is_the_non_overlapping_evaluation():
+    model = tiny_model()
+    tokens = torch.randint(0, 11, (70,))
+    non_overlapping = token_losses(model, tokens, 8)
+    assert torch.equal(non_overlapping, token_losses(model, tokens, 8, 8))
+    assert non_overlapping.mean().item() == pytest.approx(evaluate(model, tokens, 8), abs=1e-6)
+
+
+def test_bad_windows_are_refused():
+    with pytest.raises(ValueError, match="stride <= window"):
+        window_starts(10, 4, 5)
+    with pytest.raises(ValueError, match="at least window=8"):
+        window_starts(5, 8, 8)
+    with pytest.raises(ValueError, match="1-D"):
+        token_losses(tiny_model(), torch.zeros(2, 9, dtype=torch.long), 4)
+
+
+def test_learned_positions_are_not_applicable_past_their_length():
+    model = tiny_model(position="learned")
+    assert extend_to_length(model, 16) is model
+    with pytest.raises(NotApplicable, match="positions 0..15 only"):
+        extend_to_length(model, 17)
+
+
+@pytest.mark.parametrize("mixer", ["aft-local", "aft-full"])
+def test_absolute_aft_biases_are_not_applicable_without_the_extension(mixer):
+    with pytest.raises(NotApplicable, match="absolute positions below 16"):
+        extend_to_length(tiny_model(mixer=mixer), 32, extend_absolute=False)
+
+
+@pytest.mark.parametrize("mixer", ["aft-local", "aft-full"])
+def test_relative_extension_keeps_the_model_up_to_L_and_repeats_the_last_row(mixer):
+    model = tiny_model(mixer=mixer)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith((".band", ".u", ".v")):
+                parameter.normal_(std=0.5)
+    longer = extend_to_length(model, 64)
+    tokens = torch.randint(0, 11, (2, 16))
+    assert torch.allclose(model(tokens)[0], longer(tokens)[0], atol=1e-5)
+    assert longer(torch.randint(0, 11, (1, 64)))[0].isfinite().all()
+    layer = model.blocks[1].mixer.layer
+    trained = layer.band if mixer == "aft-local" else band_of(layer.bias_matrix(16), 16)
+    band = longer.blocks[1].mixer.layer.band
+    assert torch.equal(band[:16], trained) and torch.equal(band[16:], trained[15].expand(48, -1))
+
+
+def test_evaluate_lengths_records_a_reason_instead_of_a_loss():
+    config = ExtrapolationConfig(**{**TINY, "train_len": 16, "eval_tokens": 64})
+    records = evaluate_lengths(tiny_model(position="learned"), torch.randint(0, 11, (65,)), config)
+    assert [(r["length"], r["mode"], r["stride"]) for r in records] == [
+        (16, "non-overlapping", 16), (16, "sliding", 4), (32, "non-overlapping", 32), (32, "sliding", 8),
+        (64, "non-overlapping", 64), (64, "sliding", 16)]
+    assert all((r["loss"] is None) == (r["length"] > 16) for r in records)
+    assert all(r["reason"] and "never trained" in r["reason"] for r in records if r["loss"] is None)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"eval_tokens": 60}, "multiple of the longest evaluation length 32"),
+    ({"variants": ("alibi", "mamba")}, "unknown variant"),
+    ({"train_len": 0}, "train_len must be >= 1"),
+    ({"slide_divisor": 3}, "must divide every evaluation length"),
+    ({"sweep_variant": "alibi"}, "sweep_variant must be aft-local or aft-conv"),
+    ({"seeds": ()}, "at least one seed"),
+])
+def test_config_rejects_bad_values(change, message):
+    with pytest.raises(ValueError, match=message):
+        ExtrapolationConfig(**{**TINY, **change})
+
+
+def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, tmp_path):
+    saved = []
+    config = ExtrapolationConfig(**TINY, corpus=corpus_file, variants=("mha-learned", "alibi", "aft-local"))
+    results = run_experiment(config, log=lambda line: None,
+                             checkpoint=lambda partial: saved.append((partial["complete"], len(partial["training"]))))
+    # The results so far after each of the 6 models and each sweep point (window 4 is reused, not retrained).
+    assert saved == [(False, n) for n in range(1, 7)] + [(False, 6)] * 2
+    assert results["complete"] and [r["seed"] for r in results["training"]] == [0] * 3 + [1] * 3
+    results["command"] = "test"
+    path = save_results(results, tmp_path / "results" / "extrapolation.json")
+    loaded = load_results(path)
+    assert loaded == results and loaded["format"] == RESULTS_FORMAT
+    assert len(loaded["evaluations"]) == 3 * 2 * 3 * len(MODES)  # variants x seeds x lengths x modes
+    assert {(r["window"], r["seed"]) for r in loaded["sweep"]} == {(2, 0), (4, 0)}
+    summary = summarize(loaded, "sliding")
+    assert summary["mha-learned"][16] == {"reason": summary["mha-learned"][16]["reason"]}
+    assert summary["alibi"][8]["seeds"] == 2
+    assert summary["alibi"][8]["low"] <= summary["alibi"][8]["mean"] <= summary["alibi"][8]["high"]
+    table = results_table(loaded, "non-overlapping").splitlines()
+    assert table[0].split() == ["variant", "T=8", "T=16", "T=32"]
+    learned_row = next(row for row in table if row.startswith("mha-learned"))
+    assert learned_row.split()[-2:] == ["n/a", "n/a"] and "±" in learned_row
+
+
+def test_results_file_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="not found"):
+        load_results(tmp_path / "missing.json")
+    (tmp_path / "broken.json").write_text("{", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a JSON file"):
+        load_results(tmp_path / "broken.json")
+    good = {"format": RESULTS_FORMAT, "command": "x", "complete": True, "config": {}, "date": "2026-01-01", "wall_seconds": 1.0,
+            "python": "3.12", "torch": "2.13", "training": [], "evaluations": [], "sweep": []}
+    broken = {
+        "other format": {**good, "format": "something else"},
+        "'wall_seconds' must be of type number": {**good, "wall_seconds": "long"},
+        "either a loss or a reason": {**good, "evaluations": [
+            {"variant": "alibi", "seed": 0, "length": 8, "mode": "sliding", "stride": 2, "loss": None, "reason": None}]},
+        "exactly the fields": {**good, "sweep": [{"window": 4}]},
+    }
+    for message, results in broken.items():
+        path = tmp_path / "bad.json"
+        path.write_text(json.dumps(results), encoding="utf-8")
+        with pytest.raises(ValueError, match="not extrapolation results" if message == "other format" else message):
+            load_results(path)
+    with pytest.raises(ValueError, match="'command' must be of type str"):
+        save_results({**good, "command": None}, tmp_path / "unsaved.json")
+
+
+def test_command_line_runs_end_to_end(corpus_file, tmp_path, capsys):
+    out = tmp_path / "extrapolation.json"
+    argv = ["extrapolate", "--corpus", corpus_file, "--train-len", "8", "--factors", "1", "2", "--d-model", "16",
+            "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--steps", "2", "--batch-size", "2",
+            "--warmup-steps", "1", "--eval-tokens", "32", "--variants", "alibi", "mha-learned", "--seeds", "0",
+            "--sweep-windows", "--threads", "1", "--out", str(out)]
+    assert main(argv) == 0
+    results = load_results(out)
+    assert results["command"].startswith("python -m aftalibi extrapolate --corpus")
+    assert results["complete"] and results["sweep"] == [] and results["config"]["variants"] == ["alibi", "mha-learned"]
+    assert "wrote" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--eval-tokens", "1000"], "eval_tokens=1000 must be a multiple of the longest evaluation length 2048"),
+    (["--threads", "0"], "--threads must be >= 1, got 0"),
+    (["--train-len", "0"], "train_len must be >= 1, got 0"),
+    (["--slide-divisor", "3"], "slide_divisor=3 must divide every evaluation length"),
+])
+def test_command_line_bad_input_is_one_error_line(argv, message, capsys):
+    assert main(["extrapolate", *argv]) == 2
+    error = capsys.readouterr().err
+    assert error.count("\n") == 1 and error.startswith("aftalibi extrapolate: error: ") and message in error
+
+
+def test_command_line_refuses_a_folder_as_output(tmp_path, capsys):
+    assert main(["extrapolate", "--out", str(tmp_path)]) == 2
+    assert capsys.readouterr().err == f"aftalibi extrapolate: error: --out must be a file path, {tmp_path} is a folder\n"
+
+
+def test_command_line_rejects_unknown_variants(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["extrapolate", "--variants", "mamba"])
+    assert exit_info.value.code == 2
+    assert "invalid choice: 'mamba'" in capsys.readouterr().err
