@@ -146,16 +146,22 @@ def sinusoidal_position_encoding(n_positions: int, d_model: int, *, offset: int 
 
 
 class SinusoidalPositionEncoding(nn.Module):
-    """Adds sinusoidal position encodings to `[B, T, d_model]` embeddings. No parameters, any length."""
+    """Adds `amplitude` times the sinusoidal encodings to `[B, T, d_model]` embeddings. No parameters, any length.
 
-    def __init__(self, d_model: int, base: float = 10000.0):
+    `amplitude` should match the embeddings' scale (their init standard deviation): see the text above.
+    """
+
+    def __init__(self, d_model: int, base: float = 10000.0, amplitude: float = 1.0):
         super().__init__()
-        self.d_model, self.base = d_model, base
+        if not amplitude > 0:
+            raise ValueError(f"amplitude must be > 0, got {amplitude}")
+        self.d_model, self.base, self.amplitude = d_model, base, amplitude
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        return x + sinusoidal_position_encoding(x.shape[1], self.d_model, offset=offset, base=self.base,
-                                                device=x.device, dtype=x.dtype)
+        encoding = sinusoidal_position_encoding(x.shape[1], self.d_model, offset=offset, base=self.base,
+                                                device=x.device, dtype=x.dtype)  # [T, d_model]
+        return x + self.amplitude * encoding
 
 # %% ../notebooks/01_attention.ipynb #b923b966
 class LearnedPositionEncoding(nn.Module):

@@ -135,7 +135,8 @@ class LanguageModel(nn.Module):
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
         self.position = None
         if config.mixer == "mha" and config.position == "sinusoidal":
-            self.position = SinusoidalPositionEncoding(config.d_model)
+            # Scaled to the embeddings' init std, 0.02: the paper's position-to-token ratio (notebook 01).
+            self.position = SinusoidalPositionEncoding(config.d_model, amplitude=0.02)
         elif config.mixer == "mha" and config.position == "learned":
             self.position = LearnedPositionEncoding(config.max_len, config.d_model)
         self.dropout = nn.Dropout(config.dropout)

@@ -141,6 +141,8 @@ def test_sinusoidal_encoding_values():
     assert pe[4, 2 * i + 1].item() == pytest.approx(math.cos(position / 10000 ** (2 * i / 6)), abs=1e-15)
     x = torch.zeros(2, 10, 6, dtype=float64)
     torch.testing.assert_close(SinusoidalPositionEncoding(6)(x, offset=3), pe.expand(2, 10, 6))
+    x = torch.randn(2, 10, 6, dtype=float64)
+    torch.testing.assert_close(SinusoidalPositionEncoding(6, amplitude=0.02)(x, offset=3), x + 0.02 * pe)
 
 
 def test_rotary_scores_depend_only_on_relative_position():
@@ -164,6 +166,7 @@ def test_learned_encoding_refuses_positions_past_max_len():
     (lambda: MultiHeadAttention(16, 4, dropout=1.0), r"dropout must be in \[0, 1\)"),
     (lambda: RotaryPositionEncoding(7), "d_head must be even"),
     (lambda: sinusoidal_position_encoding(4, 5), "d_model must be even"),
+    (lambda: SinusoidalPositionEncoding(4, amplitude=0.0), "amplitude must be > 0, got 0.0"),
     (lambda: causal_mask(5, 3), "q_len <= k_len"),
 ])
 def test_bad_construction_is_named(make, message):
