@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
 from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential_windows
@@ -18,7 +19,8 @@ from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_at', 'make_optimizer', 'evaluate',
-           'CheckpointError', 'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'train']
+           'CheckpointError', 'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Distributed',
+           'process_group', 'mean_over_ranks', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 @dataclass
@@ -80,21 +82,30 @@ def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.A
 # %% ../notebooks/06_train.ipynb #1f0fc39f
 @torch.no_grad()
 def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *, max_windows: int = 0,
-             batch_size: int = 64) -> float:
-    """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`."""
+             batch_size: int = 64, rank: int = 0, world_size: int = 1) -> float:
+    """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`.
+
+    With `world_size` > 1 this process scores windows rank, rank + world_size, ... and the
+    (loss sum, token count) pairs are summed over the processes: every rank must call it.
+    """
     inputs, targets = sequential_windows(tokens, seq_len)
     if max_windows:
         inputs, targets = inputs[:max_windows], targets[:max_windows]
+    inputs, targets = inputs[rank::world_size], targets[rank::world_size]  # this rank's windows
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    total = 0.0
+    loss_sum, token_count = 0.0, 0
     for start in range(0, len(inputs), batch_size):
         batch_inputs, batch_targets = inputs[start:start + batch_size].to(device), targets[start:start + batch_size].to(device)
-        _, loss = model(batch_inputs, batch_targets)
-        total += loss.item() * len(batch_inputs)
+        _, loss = model(batch_inputs, batch_targets)  # mean over the batch's tokens
+        loss_sum, token_count = loss_sum + loss.item() * batch_targets.numel(), token_count + batch_targets.numel()
     model.train(was_training)
-    return total / len(inputs)
+    if world_size > 1:
+        totals = torch.tensor([loss_sum, token_count], dtype=torch.float64, device=device)
+        torch.distributed.all_reduce(totals)
+        loss_sum, token_count = totals.tolist()
+    return loss_sum / token_count
 
 # %% ../notebooks/06_train.ipynb #dc526511
 CHECKPOINT_FORMAT = "aftalibi-checkpoint-v1"
@@ -141,23 +152,78 @@ def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
         raise CheckpointError(f"checkpoint's tokenizer has {len(tokenizer)} characters but its model {config.vocab_size}")
     return model, tokenizer
 
+# %% ../notebooks/06_train.ipynb #5b7c2e91
+@dataclass(frozen=True)
+class Distributed:
+    """This process's place in a torchrun job; rank 0 of 1 when it runs alone."""
+
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @classmethod
+    def from_environment(cls) -> Distributed:
+        """torchrun sets RANK, WORLD_SIZE and LOCAL_RANK in every process it starts."""
+        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
+                   int(os.environ.get("LOCAL_RANK", 0)))
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+@contextlib.contextmanager
+def process_group(distributed: Distributed, device: torch.device):
+    """Join the job's process group for the duration of a run: NCCL on CUDA, gloo otherwise.
+
+    Nothing to do for a single process, or when the caller has already joined a group.
+    """
+    if distributed.world_size == 1 or torch.distributed.is_initialized():
+        yield
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    torch.distributed.init_process_group(backend, rank=distributed.rank, world_size=distributed.world_size)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
+    """The mean of a scalar over the ranks (each rank's value when it runs alone)."""
+    value = value.detach().float().clone()
+    if world_size > 1:
+        torch.distributed.all_reduce(value)
+        value /= world_size
+    return value.item()
+
 # %% ../notebooks/06_train.ipynb #59069514
 def train(model_config: dict | None = None, config: TrainConfig | None = None, *, resume: bool = False,
           session_steps: int | None = None, quiet: bool = False) -> dict:
     """Train a model; returns {"step", "train_loss", "validation_loss", "tokens_per_second", "checkpoint", "history"}.
 
-    tokens_per_second is the mean over this call's optimizer steps (evaluations excluded).
+    tokens_per_second is the mean over this call's optimizer steps (evaluations excluded), for
+    the whole job under torchrun.
 
     `model_config` holds ModelConfig fields (vocab_size comes from the corpus). `resume` continues
     from the checkpoint in `config.out_dir`; `session_steps` stops, with a checkpoint, after that
-    many steps of this call. `quiet` turns off the progress display and labml tracking.
+    many steps of this call. `quiet` turns off the progress display and labml tracking. Started
+    by torchrun, every process trains a replica on its share of each batch (see above).
     """
     from labml import experiment, tracker
 
     config = config or TrainConfig()
+    distributed = Distributed.from_environment()
+    if config.batch_size % distributed.world_size:
+        raise ValueError(f"batch_size={config.batch_size} is not divisible by the world size {distributed.world_size}: "
+                         "every process takes an equal share of each batch")
+    quiet = quiet or not distributed.is_main
     checkpoint_path = Path(config.out_dir) / "checkpoint.pt"
     device = select_device(config.device)
-    corpus = load_corpus(config.corpus, seed=config.seed)
+    if distributed.world_size > 1 and device.type == "cuda":
+        device = torch.device("cuda", distributed.local_rank)
+        torch.cuda.set_device(device)
+    corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic, so ranks may race to it
     corpus.check_length(config.seq_len)
     state = load_checkpoint(checkpoint_path) if resume else None
     if state is not None:
@@ -180,14 +246,15 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         batches.set_state(state["batch_generator"])
         step, history = state["step"], state["history"]
     train_tokens, validation_tokens = corpus.tokens("train"), corpus.tokens("validation")
-    forward = torch.compile(model) if config.compile else model
     autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    shard = slice(distributed.rank, None, distributed.world_size)  # this rank's rows of each batch
 
     def checkpoint() -> None:
-        save_checkpoint(checkpoint_path, {
-            "model_config": asdict(model.config), "train_config": asdict(config), "tokenizer": corpus.tokenizer.state_dict(),
-            "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-            "batch_generator": batches.get_state(), "history": history})
+        if distributed.is_main:  # the replicas are identical: one writer
+            save_checkpoint(checkpoint_path, {
+                "model_config": asdict(model.config), "train_config": asdict(config), "tokenizer": corpus.tokenizer.state_dict(),
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
+                "batch_generator": batches.get_state(), "history": history})
 
     model.train()
     train_loss, trained_tokens, training_seconds = float("nan"), 0, 0.0
@@ -197,38 +264,45 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         experiment.create(name=Path(config.out_dir).name or "aftalibi", writers={"screen", "file"})
         experiment.configs({**{f"model.{k}": v for k, v in asdict(model.config).items()}, **asdict(config)})
         tracking = experiment.start()
-    with tracking:
+    with process_group(distributed, device), tracking:
+        replicated = model
+        if distributed.world_size > 1:  # all-reduces the gradients during backward (the identity above)
+            replicated = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        forward = torch.compile(replicated) if config.compile else replicated
         try:
             last_step = config.max_steps if session_steps is None else min(config.max_steps, step + session_steps)
             while step < last_step:
                 started = time.perf_counter()
                 for group in optimizer.param_groups:
                     group["lr"] = learning_rate_at(step, config)
-                inputs, targets = random_windows(train_tokens, config.batch_size, config.seq_len, batches)
+                inputs, targets = random_windows(train_tokens, config.batch_size, config.seq_len, batches)  # [B, T], same on every rank
                 with autocast:
-                    _, loss = forward(inputs.to(device), targets.to(device))
+                    _, loss = forward(inputs[shard].to(device), targets[shard].to(device))
                 optimizer.zero_grad(set_to_none=True)
                 loss.backward()
                 if config.grad_clip:
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
                 optimizer.step()
                 step += 1
-                train_loss = loss.item()
+                train_loss = mean_over_ranks(loss, distributed.world_size)
                 seconds = time.perf_counter() - started
                 trained_tokens, training_seconds = trained_tokens + inputs.numel(), training_seconds + seconds
                 metrics = {"loss.train": train_loss, "tokens_per_second": inputs.numel() / seconds}
                 if step % config.eval_every == 0 or step == config.max_steps:
-                    metrics["loss.validation"] = evaluate(model, validation_tokens, config.seq_len,
-                                                          max_windows=config.eval_windows)
+                    metrics["loss.validation"] = evaluate(model, validation_tokens, config.seq_len, max_windows=config.eval_windows,
+                                                          rank=distributed.rank, world_size=distributed.world_size)
                     history.append({"step": step, "train_loss": train_loss, "validation_loss": metrics["loss.validation"]})
                     checkpoint()
                 if not quiet:
                     tracker.save(step, metrics)
             if step < config.max_steps and step % config.eval_every:
                 checkpoint()  # stopped by session_steps between two evaluations
+            if distributed.world_size > 1:
+                torch.distributed.barrier()  # no rank leaves before rank 0's checkpoint is written
         except KeyboardInterrupt:
             checkpoint()
-            print(f"\ninterrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
+            if distributed.is_main:
+                print(f"\ninterrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
     return {"step": step, "train_loss": train_loss,
             "validation_loss": history[-1]["validation_loss"] if history else float("nan"),
             "tokens_per_second": trained_tokens / max(training_seconds, 1e-9), "checkpoint": str(checkpoint_path), "history": history}
