@@ -18,11 +18,14 @@ from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
-__all__ = ['CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_at', 'make_optimizer', 'evaluate',
-           'CheckpointError', 'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Distributed',
-           'process_group', 'mean_over_ranks', 'train']
+__all__ = ['OPTIMIZERS', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor', 'learning_rate_at',
+           'Optimizers', 'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint',
+           'load_checkpoint', 'model_from_checkpoint', 'Distributed', 'process_group', 'mean_over_ranks', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
+OPTIMIZERS = ("adamw", "muon")
+
+
 @dataclass
 class TrainConfig:
     """Everything about a run that is not the model; stored in every checkpoint."""
@@ -35,6 +38,8 @@ class TrainConfig:
     min_learning_rate: float = field(default=3e-4, metadata={"help": "learning rate at the end of the cosine decay"})
     warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup from 0 to the peak"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only, not norms, biases or embeddings)"})
+    optimizer: str = field(default="adamw", metadata={"help": "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for the rest (needs torch >= 2.9)"})
+    muon_learning_rate: float = field(default=0.02, metadata={"help": "peak learning rate of Muon's group (with --optimizer muon)"})
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradients' global norm to this (0: off)"})
     eval_every: int = field(default=250, metadata={"help": "evaluate and checkpoint every this many steps"})
     eval_windows: int = field(default=256, metadata={"help": "validation windows per evaluation (0: the whole validation split)"})
@@ -49,8 +54,10 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise ValueError(f"need 0 <= min_learning_rate <= learning_rate, got {self.min_learning_rate} and {self.learning_rate}")
-        if self.warmup_steps < 0 or self.eval_windows < 0 or self.grad_clip < 0:
-            raise ValueError("warmup_steps, eval_windows and grad_clip must be >= 0")
+        if self.warmup_steps < 0 or self.eval_windows < 0 or self.grad_clip < 0 or self.muon_learning_rate < 0:
+            raise ValueError("warmup_steps, eval_windows, grad_clip and muon_learning_rate must be >= 0")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def select_device(name: str = "auto") -> torch.device:
@@ -64,20 +71,73 @@ def select_device(name: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
-def learning_rate_at(step: int, config: TrainConfig) -> float:
-    """Linear warmup, then cosine decay to `min_learning_rate` at `max_steps`."""
+def learning_rate_factor(step: int, config: TrainConfig) -> float:
+    """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate at `max_steps`."""
     if step < config.warmup_steps:
-        return config.learning_rate * (step + 1) / config.warmup_steps
+        return (step + 1) / config.warmup_steps
+    floor = config.min_learning_rate / config.learning_rate if config.learning_rate else 0.0
     progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return config.min_learning_rate + (config.learning_rate - config.min_learning_rate) * cosine
+    return floor + (1 - floor) * cosine
+
+
+def learning_rate_at(step: int, config: TrainConfig) -> float:
+    """AdamW's learning rate at `step`: the peak `learning_rate` times the schedule's factor."""
+    return config.learning_rate * learning_rate_factor(step, config)
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
-def make_optimizer(model: torch.nn.Module, config: TrainConfig) -> torch.optim.AdamW:
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "embedding" not in n)]
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=config.learning_rate, betas=(0.9, 0.95))
+class Optimizers:
+    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with --optimizer muon)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for optimizer in self.optimizers:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for optimizer in self.optimizers:
+            optimizer.step()
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(optimizer_state)
+
+
+def muon_parameters(model: LanguageModel) -> list[str]:
+    """Names of the hidden matrices Muon updates: the weight of every linear layer inside the blocks."""
+    return [f"blocks.{name}.weight" for name, module in model.blocks.named_modules()
+            if isinstance(module, torch.nn.Linear)]
+
+
+def make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW | Optimizers:
+    """AdamW for every parameter, or (optimizer="muon") Muon for `muon_parameters` and AdamW for the rest.
+
+    Each group's "peak_lr" is the peak of its schedule: the loop sets lr = peak_lr * learning_rate_factor.
+    """
+    if config.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
+        raise ValueError(f"optimizer='muon' needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
+    hidden = set(muon_parameters(model)) if config.optimizer == "muon" else set()
+    rest = [(n, p) for n, p in model.named_parameters() if n not in hidden]
+    decay = [p for n, p in rest if p.ndim >= 2 and "embedding" not in n]
+    no_decay = [p for n, p in rest if not (p.ndim >= 2 and "embedding" not in n)]
+    groups = [{"params": decay, "weight_decay": config.weight_decay, "peak_lr": config.learning_rate},
+              {"params": no_decay, "weight_decay": 0.0, "peak_lr": config.learning_rate}]
+    adamw = torch.optim.AdamW([group for group in groups if group["params"]], lr=config.learning_rate, betas=(0.9, 0.95))
+    if not hidden:
+        return adamw
+    matrices = [p for n, p in model.named_parameters() if n in hidden]
+    muon = torch.optim.Muon([{"params": matrices, "peak_lr": config.muon_learning_rate}], lr=config.muon_learning_rate,
+                            weight_decay=0.0, adjust_lr_fn="original")
+    return Optimizers(muon, adamw)
 
 # %% ../notebooks/06_train.ipynb #1f0fc39f
 @torch.no_grad()
@@ -231,6 +291,10 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         if tokenizer != corpus.tokenizer:
             raise CheckpointError(f"{checkpoint_path} was trained on a vocabulary of {len(tokenizer)} characters, "
                                   f"the corpus {config.corpus!r} has {len(corpus.tokenizer)}")
+        trained_with = state["train_config"].get("optimizer", "adamw")
+        if trained_with != config.optimizer:
+            raise CheckpointError(f"{checkpoint_path} holds the state of optimizer {trained_with!r}, this run asks for "
+                                  f"{config.optimizer!r}: resume with --optimizer {trained_with}")
     else:
         torch.manual_seed(config.seed)
         model = LanguageModel(ModelConfig(**{**(model_config or {}), "vocab_size": len(corpus.tokenizer)}))
@@ -242,7 +306,10 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     batches = torch.Generator().manual_seed(config.seed)
     step, history = 0, []
     if state is not None:
+        peaks = [group["peak_lr"] for group in optimizer.param_groups]
         optimizer.load_state_dict(state["optimizer"])
+        for group, peak in zip(optimizer.param_groups, peaks):  # the peaks are this run's config
+            group["peak_lr"] = peak
         batches.set_state(state["batch_generator"])
         step, history = state["step"], state["history"]
     train_tokens, validation_tokens = corpus.tokens("train"), corpus.tokens("validation")
@@ -274,7 +341,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
             while step < last_step:
                 started = time.perf_counter()
                 for group in optimizer.param_groups:
-                    group["lr"] = learning_rate_at(step, config)
+                    group["lr"] = group["peak_lr"] * learning_rate_factor(step, config)
                 inputs, targets = random_windows(train_tokens, config.batch_size, config.seq_len, batches)  # [B, T], same on every rank
                 with autocast:
                     _, loss = forward(inputs[shard].to(device), targets[shard].to(device))

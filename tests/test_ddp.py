@@ -42,7 +42,7 @@ def replica(rank: int, world_size: int, port: int, config: TrainConfig, resume: 
     """One process of a torchrun-like job: the environment torchrun would set, then `train`."""
     os.environ.update({"RANK": str(rank), "WORLD_SIZE": str(world_size), "LOCAL_RANK": str(rank),
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
-    torch.set_num_threads(1)
+    torch.set_num_threads(1)  # two processes on a small machine
     models = []
     build = training.LanguageModel
 
@@ -69,7 +69,6 @@ def assert_close_histories(got: list[dict], expected: list[dict]) -> None:
 
 
 def test_two_processes_make_the_updates_of_one(corpus_file, tmp_path):
-    torch.set_num_threads(1)
     single = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "single"), quiet=True)
     expected = load_checkpoint(Path(single["checkpoint"]))["model"]
     config = tiny_run(corpus_file, tmp_path / "ddp")
@@ -91,11 +90,14 @@ def test_torchrun_end_to_end(corpus_file, tmp_path):
                "--seq-len", "16", "--batch-size", "4", "--max-steps", "4", "--eval-every", "2", "--eval-windows", "4",
                "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--device", "cpu",
                "--out-dir", str(out_dir), "--sample", "20"]
+    if hasattr(torch.optim, "Muon"):  # torch >= 2.9: Muon's two optimizers under DDP too
+        command += ["--optimizer", "muon"]
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     finished = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert finished.stdout.count("validation loss") == 1  # only rank 0 reports
-    assert load_checkpoint(out_dir / "checkpoint.pt")["step"] == 4
+    written = load_checkpoint(out_dir / "checkpoint.pt")
+    assert written["step"] == 4 and written["train_config"]["optimizer"] == ("muon" if hasattr(torch.optim, "Muon") else "adamw")
 
 
 def test_batch_size_must_divide_over_the_processes(corpus_file, tmp_path, monkeypatch, capsys):

@@ -1,4 +1,4 @@
-"""aftalibi.train and the command line: schedule, checkpoints, exact resumption, Ctrl-C, bad input."""
+"""aftalibi.train and the command line: schedule, optimizers, checkpoints, exact resumption, Ctrl-C, bad input."""
 
 import math
 from dataclasses import fields
@@ -9,9 +9,10 @@ import torch
 
 import aftalibi.train as training
 from aftalibi.__main__ import main
-from aftalibi.model import ModelConfig
-from aftalibi.train import (CheckpointError, TrainConfig, learning_rate_at, load_checkpoint, model_from_checkpoint,
-                            save_checkpoint, select_device, train)
+from aftalibi.model import MIXERS, LanguageModel, ModelConfig
+from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, learning_rate_at, learning_rate_factor,
+                            load_checkpoint, make_optimizer, model_from_checkpoint, muon_parameters, save_checkpoint,
+                            select_device, train)
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
@@ -23,6 +24,9 @@ def corpus_file(tmp_path) -> str:
     path = tmp_path / "corpus.txt"
     path.write_text(TEXT, encoding="utf-8")
     return str(path)
+
+
+needs_muon = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
 
 
 def tiny_run(corpus_file, out_dir, **overrides) -> TrainConfig:
@@ -47,13 +51,65 @@ def test_training_lowers_the_loss_and_checkpoints(corpus_file, tmp_path):
     assert model.config.vocab_size == len(tokenizer) and load_checkpoint(Path(result["checkpoint"]))["step"] == 40
 
 
-def test_resumed_run_reaches_the_same_losses(corpus_file, tmp_path):
-    straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight"), quiet=True)
-    config = tiny_run(corpus_file, tmp_path / "resumed")
+@pytest.mark.parametrize("optimizer", ["adamw", pytest.param("muon", marks=needs_muon)])
+def test_resumed_run_reaches_the_same_losses(corpus_file, tmp_path, optimizer):
+    straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight", optimizer=optimizer), quiet=True)
+    config = tiny_run(corpus_file, tmp_path / "resumed", optimizer=optimizer)
     assert train(TINY_MODEL, config, session_steps=6, quiet=True)["step"] == 6  # stops between two evaluations
     resumed = train(TINY_MODEL, config, resume=True, quiet=True)
     assert resumed["step"] == 12
     assert resumed["history"] == straight["history"]
+
+
+@needs_muon
+def test_muon_takes_the_blocks_linear_weights_and_adamw_the_rest():
+    for mixer in MIXERS:
+        model = LanguageModel(ModelConfig(vocab_size=11, mixer=mixer, d_model=16, n_layers=2, n_heads=2, d_ff=32,
+                                          max_len=32, window=4))
+        optimizer = make_optimizer(model, TrainConfig(optimizer="muon"))
+        assert isinstance(optimizer, Optimizers)
+        muon, adamw = optimizer.optimizers
+        assert isinstance(muon, torch.optim.Muon) and isinstance(adamw, torch.optim.AdamW)
+        names = {id(p): n for n, p in model.named_parameters()}
+        in_muon = [names[id(p)] for group in muon.param_groups for p in group["params"]]
+        in_adamw = [names[id(p)] for group in adamw.param_groups for p in group["params"]]
+        assert sorted(in_muon + in_adamw) == sorted(names.values())  # every parameter exactly once
+        assert in_muon == muon_parameters(model) and len(in_muon) == 2 * (6 if mixer.startswith("aft") else 4)
+        assert all(n.startswith("blocks.") and n.endswith(".weight") and "norm" not in n for n in in_muon)
+        assert "embedding.weight" in in_adamw
+        aft_biases = [n for n in in_adamw if n.rsplit(".", 1)[1] in ("u", "v", "band", "kernel", "gamma", "beta")]
+        assert (mixer in ("aft-full", "aft-local", "aft-conv")) == bool(aft_biases)
+        assert [g["weight_decay"] for g in muon.param_groups] == [0.0]
+
+
+@needs_muon
+def test_each_group_follows_its_own_peak():
+    config = TrainConfig(max_steps=110, warmup_steps=10, learning_rate=1e-3, min_learning_rate=1e-4,
+                         muon_learning_rate=0.02, optimizer="muon")
+    assert learning_rate_factor(60, config) == pytest.approx(0.55)
+    assert learning_rate_at(60, config) == pytest.approx(0.55e-3)
+    optimizer = make_optimizer(LanguageModel(ModelConfig(vocab_size=11, **TINY_MODEL)), config)
+    # Muon's group, then AdamW's undecayed one (with mha every decayed matrix is Muon's)
+    assert [g["peak_lr"] for g in optimizer.param_groups] == [0.02, 1e-3]
+
+
+@needs_muon
+def test_muon_trains_and_cannot_resume_an_adamw_run(corpus_file, tmp_path):
+    config = tiny_run(corpus_file, tmp_path / "run", max_steps=40, eval_every=20, optimizer="muon")
+    result = train(TINY_MODEL, config, quiet=True)
+    first, last = result["history"][0]["validation_loss"], result["history"][-1]["validation_loss"]
+    assert last < first < math.log(36)
+    with pytest.raises(CheckpointError, match="holds the state of optimizer 'muon'.* --optimizer muon"):
+        train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "run", max_steps=50), resume=True, quiet=True)
+
+
+def test_muon_needs_a_recent_torch(monkeypatch):
+    monkeypatch.delattr(torch.optim, "Muon")
+    model = LanguageModel(ModelConfig(vocab_size=11, **TINY_MODEL))
+    with pytest.raises(ValueError, match=r"optimizer='muon' needs torch >= 2.9"):
+        make_optimizer(model, TrainConfig(optimizer="muon"))
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'"):
+        TrainConfig(optimizer="sgd")
 
 
 def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, monkeypatch, capsys):
