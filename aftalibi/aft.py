@@ -203,6 +203,302 @@ def _prefix_sums(a: Tensor, b: Tensor, shift: Tensor, causal: bool) -> tuple[Ten
     carry = torch.stack(carry, -1)[..., None]  # [2, B, d, n, 1]
     return within_a + carry[0], within_b + carry[1]
 
+# %% ../notebooks/02_aft.ipynb #9b3f6a21
+def _unskew(matrix: Tensor, width: int) -> Tensor:
+    """The inverse of `_skew`: `[..., L, L + W - 1]` -> `[..., L, W]`, out[..., i, c] = matrix[..., i, i + c]."""
+    *lead, rows, columns = matrix.shape
+    flat = F.pad(matrix.flatten(-2), (0, rows))  # L (L + W - 1) + L = L (L + W) entries
+    return flat.view(*lead, rows, columns + 1)[..., :width]
+
+
+@dataclass
+class _LocalBlocks:
+    """The band of one AFT-local call cut into blocks of L queries (shared by the batch).
+
+    `matrices[j]` is `[L, 3L]`: query i of block j against the keys of blocks j-1, j, j+1
+    (column i + delta + L), holding expm1(w) (scaled by exp(-r_t)) inside the window, 0 elsewhere;
+    `own` adds the causal prefix's ones (exp(-r_t)) below the band; `outside` is exp(-r_t) `[n, L, 1]`;
+    `slope` is d matrices / d w = exp(w - r_t) on the band `[n, L, 2s - 1]`, 0 where invalid.
+    """
+
+    block: int
+    n_blocks: int
+    window: int
+    causal: bool
+    own: Tensor  # [n, L, L]
+    previous: Tensor  # [n, s - 1, s - 1]: queries 0..s-2 against the previous block's keys L-s+1..L-1
+    next: Tensor  # [n, s - 1, s - 1]: queries L-s+1..L-1 against the next block's keys 0..s-2
+    outside: Tensor  # [n, L, 1]
+    slope: Tensor  # [n, L, 2s - 1]
+
+
+def _local_blocks(band: Tensor, window: int, block: int, length: int, causal: bool) -> _LocalBlocks:
+    """Cut the band storage `[T, 2s - 1]` (band[t, delta + s - 1] = w_{t, t + delta}) into block matrices."""
+    n_blocks = -(-length // block)
+    padded_length = n_blocks * block
+    band = F.pad(band, (0, 0, 0, padded_length - length)).view(n_blocks, block, 2 * window - 1)
+    offset = torch.arange(-(window - 1), window, device=band.device)  # delta = t' - t
+    query_position = torch.arange(padded_length, device=band.device).view(n_blocks, block, 1)
+    key_position = query_position + offset  # [n, L, 2s - 1]
+    valid = (key_position >= 0) & (key_position < length) & (query_position < length)
+    if causal:
+        valid = valid & (offset <= 0)
+    band = band.masked_fill(~valid, float("-inf"))
+    # The row shift r_t = max(0, max_t' w_tt'): both sums of query t are scaled by exp(-r_t), which cancels.
+    row_shift = band.amax(dim=-1, keepdim=True)  # [n, L, 1]
+    row_shift = torch.where(row_shift.isfinite(), row_shift, torch.zeros_like(row_shift)).clamp_min(0.0)
+    slope = torch.exp(band - row_shift)  # exp(w - r), 0 where invalid
+    outside = torch.exp(-row_shift)
+    # expm1(w) scaled by exp(-r): exp(w - r) - exp(-r), computed as expm1 where r = 0 (most rows)
+    scaled = torch.where(row_shift == 0, torch.expm1(band), slope - outside).masked_fill(~valid, 0.0)
+    wide = F.pad(scaled, (block - window + 1, block - window + 1))  # [n, L, 2L + 1], column delta + L
+    matrices = _skew(wide)  # [n, L, 3L], column i + delta + L
+    own = matrices[..., block: 2 * block]
+    if causal:  # the prefix's ones inside the block: sum_{t' <= t} exp(-r_t) a_t'
+        own = own + outside * torch.ones(block, block, dtype=band.dtype, device=band.device).tril()
+    near = window - 1  # rows / columns of a block that reach into the neighbouring block
+    previous = matrices[:, :near, block - near: block]
+    following = matrices[:, block - near:, 2 * block: 2 * block + near]
+    return _LocalBlocks(block, n_blocks, window, causal, own.contiguous(), previous.contiguous(),
+                        following.contiguous(), outside, slope)
+
+
+def _block_shifts(keys: Tensor, block: int, causal: bool, acc: torch.dtype) -> tuple[Tensor, float]:
+    """The key shift c `[B, n, d]` per block and the largest rise of a key above its block's shift.
+
+    Causal: c_j is the running max of the keys at the first position of block j (so every query's
+    largest key has exp(K - c) >= 1 and no future key moves an earlier output). Bidirectional: one
+    max over all keys. `keys` is `[B, T, d]` with -inf at padding.
+    """
+    batch, length, d = keys.shape
+    n_blocks = -(-length // block)
+    if not causal:
+        shift = keys.amax(dim=1, keepdim=True).expand(batch, n_blocks, d)
+        return torch.where(shift.isfinite(), shift, torch.zeros_like(shift)), 0.0
+    if length % block:
+        keys = F.pad(keys, (0, 0, 0, n_blocks * block - length), value=float("-inf"))
+    blocks = keys.view(batch, n_blocks, block, d)
+    ends = blocks.amax(dim=2).cummax(dim=1).values  # running max at each block's end, [B, n, d]
+    before = F.pad(ends[:, :-1], (0, 0, 1, 0), value=float("-inf"))
+    starts = torch.maximum(before, blocks[:, :, 0])  # running max at each block's start
+    shift = torch.where(starts.isfinite(), starts, ends)
+    rise = float((ends - shift).nan_to_num(0.0, posinf=0.0).amax()) if shift.numel() else 0.0
+    shift = torch.maximum(shift, ends - _SHIFT_HEADROOM[acc])  # float64 past e^600: c rises towards the end
+    return torch.where(shift.isfinite(), shift, torch.zeros_like(shift)), rise
+
+
+class _LocalBuffers:
+    """Work space for one batch element, allocated once per call and reused (no page faults per element)."""
+
+    def __init__(self, blocks: _LocalBlocks, d: int, dtype: torch.dtype, device, backward: bool):
+        n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
+        empty = lambda *shape: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
+        self.terms = empty(n, block, 2 * d)  # [a | b] = [exp(K - c) V | exp(K - c)]
+        self.sums = empty(n, block, 2 * d)  # [num | den]
+        self.near = empty(max(n - 1, 0), near, 2 * d)  # one neighbouring block's band contribution
+        self.carry = empty(n, 2 * d)
+        if backward:
+            self.grads = empty(n, block, 2 * d)  # [g | -g H], the gradients of num and den
+
+
+def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blocks: _LocalBlocks,
+                buffers: _LocalBuffers) -> None:
+    """num and den of one batch element into `buffers.sums`: k, v `[T, d]`, shift `[n, d]`.
+
+        num_t = sum_{t' in N(t)} exp(-r_t) a_t' + sum_{|t - t'| < s} (exp(w_tt' - r_t) - exp(-r_t)) a_t'
+
+    per block j: own block @ [a | b]_j, plus the band's corners against blocks j -+ 1, plus the
+    running totals of earlier blocks (causal; all blocks, bidirectional) times exp(-r_t).
+    """
+    length, d = k.shape
+    n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
+    terms, sums = buffers.terms, buffers.sums
+    flat = terms.view(n * block, 2 * d)
+    weights = terms[..., d:]  # b = exp(K - c), [n, L, d]
+    full = length // block  # blocks without padding rows: exp(K - c) straight into the buffer
+    torch.sub(k[: full * block].reshape(full, block, d), shift[:full, None, :], out=weights[:full])
+    if full < n:
+        flat[full * block: length, d:].copy_(k[full * block:]).sub_(shift[full])
+    weights.exp_()
+    flat[length:].zero_()
+    if padding is not None:  # padded keys contribute nothing
+        flat[:length, d:].masked_fill_(padding[:, None], 0.0)
+    torch.mul(flat[:length, d:], v, out=flat[:length, :d])  # a = b V
+    torch.bmm(blocks.own, terms, out=sums)
+    rescale = _block_rescale(shift, blocks.causal)  # [n, 2d]
+    if n > 1 and near > 0:
+        torch.bmm(blocks.previous[1:], terms[:-1, block - near:], out=buffers.near)
+        if rescale is not None:  # from c_{j-1} to c_j
+            buffers.near.mul_(rescale[1:, None, :])
+        sums[1:, :near].add_(buffers.near)
+        if not blocks.causal:
+            torch.bmm(blocks.next[:-1], terms[1:, :near], out=buffers.near)
+            sums[:-1, block - near:].add_(buffers.near)
+    totals = terms.sum(dim=1)  # [n, 2d]
+    carry = buffers.carry
+    if blocks.causal:  # carry_j = (carry_{j-1} + totals_{j-1}) exp(c_{j-1} - c_j), the earlier blocks
+        carry[0].zero_()
+        for j in range(1, n):
+            torch.add(carry[j - 1], totals[j - 1], out=carry[j]).mul_(rescale[j])
+    else:
+        carry.copy_(totals.sum(dim=0, keepdim=True).expand(n, 2 * d))
+    sums.addcmul_(blocks.outside, carry[:, None, :])
+
+
+def _block_rescale(shift: Tensor, causal: bool) -> Tensor | None:
+    """exp(c_{j-1} - c_j) <= 1 for [a | b] `[..., n, 2d]` (block 0: 1); None when bidirectional (one shift)."""
+    if not causal:
+        return None
+    rescale = torch.ones_like(shift)  # [..., n, d]
+    rescale[..., 1:, :] = torch.exp((shift[..., :-1, :] - shift[..., 1:, :]).clamp_max(0.0))
+    return torch.cat([rescale, rescale], dim=-1)
+
+
+class _AFTLocalFunction(torch.autograd.Function):
+    """AFT-local on the projections `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`.
+
+    Saves only its inputs: the backward pass recomputes num and den one batch element at a time
+    and applies the transposed block matrices (derived above), so the work space is O(T d).
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, band, shift, window, block, causal, padding):
+        batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = qkv.split(d, dim=-1)
+        acc = shift.dtype
+        blocks = _local_blocks(band.to(acc), window, block, length, causal)
+        buffers = _LocalBuffers(blocks, d, acc, q.device, backward=False)
+        out = torch.empty(batch, length, d, dtype=qkv.dtype, device=qkv.device)
+        for b in range(batch):
+            _local_sums(k[b], v[b], None if padding is None else padding[b], shift[b], blocks, buffers)
+            num, den = _numerator_denominator(buffers, length, d)
+            ratio = torch.div(num, den)
+            ratio.masked_fill_(den <= 0, 0.0)  # a query whose keys are all padding: output 0, not 0/0
+            out[b] = ratio.mul_(torch.sigmoid(q[b].to(acc)))
+        ctx.save_for_backward(qkv, band, shift, padding)
+        ctx.window, ctx.block, ctx.causal = window, block, causal
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        qkv, band, shift, padding = ctx.saved_tensors
+        window, block, causal = ctx.window, ctx.block, ctx.causal
+        batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+        q, k, v = qkv.split(d, dim=-1)
+        acc = shift.dtype
+        blocks = _local_blocks(band.to(acc), window, block, length, causal)
+        n, near = blocks.n_blocks, window - 1
+        buffers = _LocalBuffers(blocks, d, acc, q.device, backward=True)
+        rescale = _block_rescale(shift, causal)
+        grad_qkv = torch.empty_like(qkv)  # one tensor: the projections' backward is one matmul
+        grad_q, grad_k, grad_v = grad_qkv.split(d, dim=-1)
+        want_band = ctx.needs_input_grad[1]
+        if want_band:
+            grad_own = torch.zeros(n, block, block, dtype=acc, device=q.device)
+            grad_previous = torch.zeros(n, near, near, dtype=acc, device=q.device)
+            grad_next = torch.zeros(n, near, near, dtype=acc, device=q.device)
+        terms, grads = buffers.terms, buffers.grads
+        flat_grads = grads.view(n * block, 2 * d)
+        for b in range(batch):
+            _local_sums(k[b], v[b], None if padding is None else padding[b], shift[b], blocks, buffers)
+            num, den = _numerator_denominator(buffers, length, d)
+            gate = torch.sigmoid(q[b].to(acc))  # sigma(Q)
+            inverse = den.masked_fill_(den <= 0, math.inf).reciprocal_()  # 1 / den, 0 without keys
+            ratio = num.mul_(inverse)  # H = num / den
+            upstream = grad_out[b].to(acc)
+            # g = G sigma / den (d loss / d num) ;  d loss / d den = -g H ;  dQ = G H sigma (1 - sigma)
+            g = flat_grads[:length, :d]
+            torch.mul(upstream, gate, out=g)
+            torch.mul(g, ratio, out=flat_grads[:length, d:]).neg_()
+            grad_q[b] = flat_grads[:length, d:] * gate.sub_(1.0)  # -G sigma H (sigma - 1)
+            g.mul_(inverse)
+            flat_grads[:length, d:].mul_(inverse)
+            flat_grads[length:].zero_()
+            back = buffers.sums  # num and den are spent: the buffer takes [U | -R]
+            flat_back = back.view(n * block, 2 * d)
+            rescale_b = None if rescale is None else rescale[b]
+            # [U | -R]_t' = sum_t M_tt' [g | -g H]_t: the transposed block matrices
+            torch.bmm(blocks.own.transpose(1, 2), grads, out=back)
+            if n > 1 and near > 0:
+                torch.bmm(blocks.previous[1:].transpose(1, 2), grads[1:, :near], out=buffers.near)
+                if rescale_b is not None:
+                    buffers.near.mul_(rescale_b[1:, None, :])
+                back[:-1, block - near:].add_(buffers.near)
+                if not causal:
+                    torch.bmm(blocks.next[:-1].transpose(1, 2), grads[:-1, block - near:], out=buffers.near)
+                    back[1:, :near].add_(buffers.near)
+            row_totals = torch.bmm(blocks.outside.transpose(1, 2), grads).squeeze(1)  # sum_t exp(-r_t) [g | -gH]_t
+            carry = buffers.carry
+            if causal:  # later blocks, rescaled from c_{j+1} back to c_j
+                carry[n - 1].zero_()
+                for j in range(n - 2, -1, -1):
+                    torch.add(carry[j + 1], row_totals[j + 1], out=carry[j]).mul_(rescale_b[j + 1])
+            else:
+                carry.copy_(row_totals.sum(dim=0, keepdim=True).expand(n, 2 * d))
+            back.add_(carry[:, None, :])
+            weights = terms.view(n * block, 2 * d)[:length, d:]  # exp(K - c), 0 at padding
+            # dV = exp(K - c) U ;  dK = exp(K - c) (V U - R)
+            grad_v[b] = weights * flat_back[:length, :d]
+            grad_k[b] = (v[b].to(acc) * flat_back[:length, :d]).add_(flat_back[:length, d:]).mul_(weights)
+            if want_band:  # d loss / d M_tt' = sum over channels of [g | -g H]_t . [a | b]_t'
+                grad_own.baddbmm_(grads, terms.transpose(1, 2))
+                if n > 1 and near > 0:
+                    scaled = grads[1:, :near]
+                    if rescale_b is not None:
+                        scaled = torch.mul(scaled, rescale_b[1:, None, :], out=buffers.near)
+                    grad_previous[1:].baddbmm_(scaled, terms[:-1, block - near:].transpose(1, 2))
+                    if not causal:
+                        grad_next[:-1].baddbmm_(grads[:-1, block - near:], terms[1:, :near].transpose(1, 2))
+        grad_band = None
+        if want_band:
+            grad_band = _band_gradient(grad_own, grad_previous, grad_next, blocks, length).to(band.dtype)
+        return grad_qkv, grad_band, None, None, None, None, None
+
+
+def _numerator_denominator(buffers: _LocalBuffers, length: int, d: int) -> tuple[Tensor, Tensor]:
+    flat = buffers.sums.view(-1, 2 * d)
+    return flat[:length, :d], flat[:length, d:]
+
+
+def _band_gradient(grad_own: Tensor, grad_previous: Tensor, grad_next: Tensor, blocks: _LocalBlocks,
+                   length: int) -> Tensor:
+    """d loss / d band `[T, 2s - 1]` from the gradients of the block matrices: unskew, times exp(w - r)."""
+    n, block, window = blocks.n_blocks, blocks.block, blocks.window
+    near = window - 1
+    wide = grad_own.new_zeros(n, block, 3 * block)  # column i + delta + L, as in `_local_blocks`
+    wide[..., block: 2 * block] = grad_own
+    wide[:, :near, block - near: block] = grad_previous
+    wide[:, block - near:, 2 * block: 2 * block + near] = grad_next
+    diagonals = _unskew(wide, 2 * block + 1)[..., block - window + 1: block + window]  # [n, L, 2s - 1]
+    return (diagonals * blocks.slope).reshape(n * block, 2 * window - 1)[:length]
+
+
+def _aft_local_fast(qkv: Tensor, band: Tensor, window: int, causal: bool,
+                    key_padding_mask: Tensor | None) -> Tensor:
+    """AFT-local with the band `[T, 2s - 1]` of biases: blocks of L = max(s, 64) queries, O(T s d) time.
+
+    num_t = sum_{t' in N(t)} a_t' + sum_{|t - t'| < s} expm1(w_tt') a_t' (the fast-form identity),
+    the first sum as running totals carried block to block, the second as matmuls per block.
+    Memory beyond q, k, v: O(T d) work space for one batch element.
+    """
+    batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    k = qkv[..., d: 2 * d]
+    window = min(window, length)
+    stored = (band.shape[-1] + 1) // 2
+    if window < stored:  # s >= T: the band storage is cropped to |delta| < T
+        band = band[:, stored - window: stored + window - 1]
+    acc = _accumulation_dtype(qkv.dtype)
+    block = min(max(window, 64), length)
+    with torch.no_grad():
+        keys = k.to(acc)
+        if key_padding_mask is not None:
+            keys = keys.masked_fill(key_padding_mask[:, :, None], float("-inf"))
+        shift, rise = _block_shifts(keys, block, causal, acc)
+    if causal and acc == torch.float32 and rise > _SHIFT_HEADROOM[acc]:
+        # Keys rising by more than 60 within one block: float32 has no room for e^rise, use float64.
+        return _aft_local_fast(qkv.double(), band.double(), window, causal, key_padding_mask).to(qkv.dtype)
+    return _AFTLocalFunction.apply(qkv, band, shift, window, block, causal, key_padding_mask)
+
 # %% ../notebooks/02_aft.ipynb #559af53d
 def band_of(w: Tensor, window: int) -> Tensor:
     """The band storage `[T, 2 window - 1]` of a `[T, T]` bias: entry (t, delta + window - 1) = w_{t, t + delta}."""
@@ -230,7 +526,7 @@ def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *, causal
     window = _check_window(window)
     key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
     window = min(window, length)
-    return _aft_banded(q, k, v, band_of(w, window)[None], window, causal, key_padding_mask, outside_window=True)
+    return _aft_local_fast(torch.cat([q, k, v], dim=-1), band_of(w, window), window, causal, key_padding_mask)
 
 
 def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
@@ -427,9 +723,13 @@ class AFTLocal(_AFTBase):
         length = x.shape[1] if x.ndim == 3 else 0
         if length > self.max_len:
             raise _too_long("AFTLocal", self.max_len, length)
-        q, k, v = self._project(x, key_padding_mask)
-        return self.out(_aft_banded(q, k, v, self.band[None, :length], self.window, self.causal, key_padding_mask,
-                                    outside_window=True))
+        check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        check_key_padding_mask(key_padding_mask, x.shape[0], length)
+        # W_Q, W_K, W_V as one matmul: [Q | K | V] is [B, T, 3 d], and its gradient one tensor
+        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
+        bias = None if self.to_q.bias is None else torch.cat([self.to_q.bias, self.to_k.bias, self.to_v.bias])
+        qkv = F.linear(x, weight, bias)
+        return self.out(_aft_local_fast(qkv, self.band[:length], self.window, self.causal, key_padding_mask))
 
     def _state_window(self) -> int:
         return self.window
