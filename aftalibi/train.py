@@ -42,7 +42,8 @@ class TrainConfig:
     muon_learning_rate: float = field(default=0.02, metadata={"help": "peak learning rate of Muon's group (with --optimizer muon)"})
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradients' global norm to this (0: off)"})
     eval_every: int = field(default=250, metadata={"help": "evaluate and checkpoint every this many steps"})
-    eval_windows: int = field(default=256, metadata={"help": "validation windows per evaluation (0: the whole validation split)"})
+    eval_windows: int = field(default=256, metadata={"help": "validation windows per periodic evaluation (0: the whole validation split); the last step always scores the whole split"})
+    eval_seq_len: int = field(default=0, metadata={"help": "characters per validation window (0: seq_len); longer windows measure how a mixer uses more context than it trained on"})
     seed: int = field(default=0, metadata={"help": "seed of the model's initialisation and of the batches"})
     device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu or cuda:1"})
     compile: bool = field(default=False, metadata={"help": "compile the model with torch.compile"})
@@ -54,8 +55,9 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
             raise ValueError(f"need 0 <= min_learning_rate <= learning_rate, got {self.min_learning_rate} and {self.learning_rate}")
-        if self.warmup_steps < 0 or self.eval_windows < 0 or self.grad_clip < 0 or self.muon_learning_rate < 0:
-            raise ValueError("warmup_steps, eval_windows, grad_clip and muon_learning_rate must be >= 0")
+        for name in ("warmup_steps", "eval_windows", "eval_seq_len", "grad_clip", "muon_learning_rate"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
 
@@ -284,7 +286,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         device = torch.device("cuda", distributed.local_rank)
         torch.cuda.set_device(device)
     corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic, so ranks may race to it
-    corpus.check_length(config.seq_len)
+    eval_seq_len = config.eval_seq_len or config.seq_len
+    corpus.check_length(max(config.seq_len, eval_seq_len))
     state = load_checkpoint(checkpoint_path) if resume else None
     if state is not None:
         model, tokenizer = model_from_checkpoint(state)
@@ -299,8 +302,9 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         torch.manual_seed(config.seed)
         model = LanguageModel(ModelConfig(**{**(model_config or {}), "vocab_size": len(corpus.tokenizer)}))
     model_limit = model.config.max_positions
-    if model_limit is not None and config.seq_len > model_limit:
-        raise ValueError(f"seq_len={config.seq_len} is longer than this model's max_len={model_limit}")
+    for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
+        if model_limit is not None and length > model_limit:
+            raise ValueError(f"{name}={length} is longer than this model's max_len={model_limit}")
     model.to(device)
     optimizer = make_optimizer(model, config)
     batches = torch.Generator().manual_seed(config.seed)
@@ -356,7 +360,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                 trained_tokens, training_seconds = trained_tokens + inputs.numel(), training_seconds + seconds
                 metrics = {"loss.train": train_loss, "tokens_per_second": inputs.numel() / seconds}
                 if step % config.eval_every == 0 or step == config.max_steps:
-                    metrics["loss.validation"] = evaluate(model, validation_tokens, config.seq_len, max_windows=config.eval_windows,
+                    windows = 0 if step == config.max_steps else config.eval_windows  # the run's figure: every window
+                    metrics["loss.validation"] = evaluate(model, validation_tokens, eval_seq_len, max_windows=windows,
                                                           rank=distributed.rank, world_size=distributed.world_size)
                     history.append({"step": step, "train_loss": train_loss, "validation_loss": metrics["loss.validation"]})
                     checkpoint()

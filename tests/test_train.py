@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import aftalibi.train as training
+from aftalibi.data import load_corpus
 from aftalibi.__main__ import main
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
 from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, learning_rate_at, learning_rate_factor,
@@ -49,6 +50,15 @@ def test_training_lowers_the_loss_and_checkpoints(corpus_file, tmp_path):
     assert last < first < math.log(36)
     model, tokenizer = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
     assert model.config.vocab_size == len(tokenizer) and load_checkpoint(Path(result["checkpoint"]))["step"] == 40
+
+
+def test_last_evaluation_scores_every_validation_window_at_eval_seq_len(corpus_file, tmp_path):
+    result = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "run", eval_seq_len=32, eval_windows=2), quiet=True)
+    model, _ = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
+    validation = load_corpus(corpus_file).tokens("validation")
+    assert len(validation) > 3 * 33  # more windows than eval_windows, so the last evaluation differs from the others
+    assert result["validation_loss"] == pytest.approx(training.evaluate(model, validation, 32), rel=1e-6)
+    assert result["validation_loss"] != pytest.approx(training.evaluate(model, validation, 32, max_windows=2), rel=1e-6)
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", pytest.param("muon", marks=needs_muon)])
@@ -183,6 +193,8 @@ def test_help_documents_every_option(capsys):
     (["--mixer", "lstm"], "unknown mixer 'lstm'"),
     (["--seq-len", "100000"], "fewer than seq_len"),
     (["--position", "learned", "--max-len", "8"], "seq_len=16 is longer than this model's max_len=8"),
+    (["--position", "learned", "--max-len", "16", "--eval-seq-len", "32"], "eval_seq_len=32 is longer than this model's max_len=16"),
+    (["--eval-seq-len", "-1"], "eval_seq_len must be >= 0, got -1"),
 ])
 def test_cli_bad_input_is_one_line_and_leaves_no_files(corpus_file, tmp_path, capsys, arguments, message):
     out_dir = tmp_path / "run"
