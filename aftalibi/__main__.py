@@ -10,8 +10,10 @@ import time
 from pathlib import Path
 
 
-def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = ()) -> None:
-    """One --option per field of `cls`, with the field's default and its `help` metadata."""
+def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (),
+                          defaults: dict | None = None) -> None:
+    """One --option per field of `cls`, with its `help` metadata and its default (from `defaults`, else the field's)."""
+    defaults = defaults or {}
     group = parser.add_argument_group(f"{cls.__name__} options")
     for field in dataclasses.fields(cls):
         if field.name in skip:
@@ -19,10 +21,11 @@ def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: tuple[str,
         flag = "--" + field.name.replace("_", "-")
         help_text = field.metadata.get('help', '')
         if field.type in (bool, "bool"):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default, help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=defaults.get(field.name, field.default),
+                               help=help_text)
         else:
             kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
-            group.add_argument(flag, type=kind, default=field.default, help=help_text)
+            group.add_argument(flag, type=kind, default=defaults.get(field.name, field.default), help=help_text)
 
 
 def options_of(cls, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
@@ -56,7 +59,7 @@ def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeo
 def main(argv: list[str] | None = None) -> int:
     from aftalibi.data import CorpusError
     from aftalibi.model import ModelConfig
-    from aftalibi.train import CheckpointError, TrainConfig
+    from aftalibi.train import DEMO_MODEL, CheckpointError, TrainConfig
 
     parser = argparse.ArgumentParser(prog="python -m aftalibi", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
         "train", help="train a language model (the defaults are the CPU demo)",
         description="Train a character-level language model on Shakespeare. Every option has a default; "
                     "the defaults train the CPU demo.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_dataclass_options(train_parser, ModelConfig, skip=("vocab_size",))
+    add_dataclass_options(train_parser, ModelConfig, skip=("vocab_size",), defaults=DEMO_MODEL)
     add_dataclass_options(train_parser, TrainConfig)
     train_parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out-dir")
     train_parser.add_argument("--session-steps", type=int, default=None,

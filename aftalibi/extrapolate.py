@@ -208,7 +208,7 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_to
     """
     schedule = TrainConfig(seq_len=config.train_len, batch_size=config.batch_size, max_steps=config.steps,
                            learning_rate=config.learning_rate, min_learning_rate=config.learning_rate / 10,
-                           warmup_steps=config.warmup_steps, seed=seed)
+                           warmup_steps=config.warmup_steps, optimizer="adamw", seed=seed)
     torch.manual_seed(seed)
     model = LanguageModel(model_config)
     optimizer = make_optimizer(model, schedule)

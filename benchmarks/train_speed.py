@@ -28,7 +28,7 @@ CONFIGURATIONS = {
 def tokens_per_second(model_options: dict, seq_len: int, batch_size: int, steps: int) -> float:
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(vocab_size=80, **model_options))
-    optimizer = make_optimizer(model, TrainConfig())
+    optimizer = make_optimizer(model, TrainConfig(optimizer="adamw"))
     inputs, targets = torch.randint(0, 80, (2, batch_size, seq_len))
     times = []
     for step in range(steps + 2):

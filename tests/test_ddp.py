@@ -18,6 +18,7 @@ TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
         "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 60
 ROOT = Path(__file__).resolve().parent.parent
+OPTIMIZER = "muon" if hasattr(torch.optim, "Muon") else "adamw"  # the default, Muon, needs torch >= 2.9
 
 
 @pytest.fixture
@@ -28,8 +29,10 @@ def corpus_file(tmp_path) -> str:
 
 
 def tiny_run(corpus_file, out_dir, **overrides) -> TrainConfig:
+    # AdamW: Muon orthogonalises in bfloat16, which turns the last-bit differences between an all-reduced
+    # and a single-process gradient into differences of 1e-5 that the 1e-5 comparison would not allow.
     return TrainConfig(**{"corpus": corpus_file, "seq_len": 16, "batch_size": 4, "max_steps": 6, "eval_every": 3,
-                          "eval_windows": 7, "warmup_steps": 2, "device": "cpu", "out_dir": str(out_dir), **overrides})
+                          "eval_windows": 7, "warmup_steps": 2, "optimizer": "adamw", "device": "cpu", "out_dir": str(out_dir), **overrides})
 
 
 def free_port() -> int:
@@ -90,14 +93,13 @@ def test_torchrun_end_to_end(corpus_file, tmp_path):
                "--seq-len", "16", "--batch-size", "4", "--max-steps", "4", "--eval-every", "2", "--eval-windows", "4",
                "--d-model", "16", "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--device", "cpu",
                "--out-dir", str(out_dir), "--sample", "20"]
-    if hasattr(torch.optim, "Muon"):  # torch >= 2.9: Muon's two optimizers under DDP too
-        command += ["--optimizer", "muon"]
+    command += ["--optimizer", OPTIMIZER]  # the default, Muon, where torch has it: its two optimizers under DDP too
     environment = {**os.environ, "OMP_NUM_THREADS": "1"}
     finished = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=120)
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert finished.stdout.count("validation loss") == 1  # only rank 0 reports
     written = load_checkpoint(out_dir / "checkpoint.pt")
-    assert written["step"] == 4 and written["train_config"]["optimizer"] == ("muon" if hasattr(torch.optim, "Muon") else "adamw")
+    assert written["step"] == 4 and written["train_config"]["optimizer"] == OPTIMIZER
 
 
 def test_batch_size_must_divide_over_the_processes(corpus_file, tmp_path, monkeypatch, capsys):
