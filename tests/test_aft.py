@@ -290,7 +290,9 @@ def test_fast_local_backward_passes_gradcheck(length, window, causal):
     band = torch.randn(length, 2 * window - 1, dtype=float64, generator=generator, requires_grad=True)
     mask = random_padding(2, length, generator)
     mask[1, : length // 2] = True  # left padding, and rows with no key yet (causal)
-    assert torch.autograd.gradcheck(lambda qkv, band: _aft_local_fast(qkv, band, window, causal, mask), (qkv, band))
+    # fast_mode checks random projections of the Jacobian: several blocks stay quick
+    assert torch.autograd.gradcheck(lambda qkv, band: _aft_local_fast(qkv, band, window, causal, mask), (qkv, band),
+                                    fast_mode=length > 64)
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
