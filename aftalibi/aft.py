@@ -515,6 +515,8 @@ def _aft_local_fast(qkv: Tensor, band: Tensor, window: int, causal: bool,
     Memory beyond q, k, v: O(T d) work space for one batch element.
     """
     batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    if length == 0:  # no positions: an empty output
+        return qkv[..., :d] * 0.0
     k = qkv[..., d: 2 * d]
     window = min(window, length)
     stored = (band.shape[-1] + 1) // 2
@@ -558,7 +560,7 @@ def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *, causal
     check_tensor("w", w, (length, length), "[T, T]")
     window = _check_window(window)
     key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
-    window = min(window, length)
+    window = min(window, max(length, 1))
     return _aft_local_fast(torch.cat([q, k, v], dim=-1), band_of(w, window), window, causal, key_padding_mask)
 
 

@@ -351,3 +351,8 @@ def test_local_layer_equals_its_projections_through_the_reference():
     inside = distance.abs() < 6
     w[inside] = layer.band.detach()[torch.arange(150)[:, None].expand(150, 150)[inside], (5 - distance)[inside]]
     torch.testing.assert_close(layer(x), layer.out(aft_reference(q, k, v, w, causal=True)))
+
+
+def test_local_of_an_empty_sequence_is_empty():
+    assert aft_local(*torch.randn(3, 1, 0, 2), torch.zeros(0, 0), 3).shape == (1, 0, 2)
+    assert AFTLocal(4, 8, 3)(torch.randn(2, 0, 4)).shape == (2, 0, 4)
