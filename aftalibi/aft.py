@@ -508,11 +508,11 @@ def _band_gradient(grad_own: Tensor, grad_previous: Tensor, grad_next: Tensor, b
 
 def _aft_local_fast(qkv: Tensor, band: Tensor, window: int, causal: bool,
                     key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local with the band `[T, 2s - 1]` of biases: blocks of L = max(s, 64) queries, O(T s d) time.
+    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of biases, O(T s d) time.
 
     num_t = sum_{t' in N(t)} a_t' + sum_{|t - t'| < s} expm1(w_tt') a_t' (the fast-form identity),
-    the first sum as running totals carried block to block, the second as matmuls per block.
-    Memory beyond q, k, v: O(T d) work space for one batch element.
+    the first sum as running totals carried block to block, the second as matmuls per block of
+    L = max(s, 64) queries. Memory beyond the inputs: O(T d) work space for a chunk of the batch.
     """
     batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
     if length == 0:  # no positions: an empty output
