@@ -287,78 +287,96 @@ def _block_shifts(keys: Tensor, block: int, causal: bool, acc: torch.dtype) -> t
     return torch.where(shift.isfinite(), shift, torch.zeros_like(shift)), rise
 
 
-class _LocalBuffers:
-    """Work space for one batch element, allocated once per call and reused (no page faults per element)."""
+# Work buffers hold a chunk of batch elements of about this size each: big enough that short
+# sequences run many elements per matmul, small enough to stay out of fresh page-faulting memory.
+_CHUNK_BYTES = 8 * 2**20
 
-    def __init__(self, blocks: _LocalBlocks, d: int, dtype: torch.dtype, device, backward: bool):
+
+class _LocalBuffers:
+    """Work space for a chunk of batch elements, time first (`[n, L, chunk, 2d]`), allocated once
+    per call and reused from chunk to chunk."""
+
+    def __init__(self, blocks: _LocalBlocks, chunk: int, d: int, dtype: torch.dtype, device, backward: bool):
         n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
         empty = lambda *shape: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
-        self.terms = empty(n, block, 2 * d)  # [a | b] = [exp(K - c) V | exp(K - c)]
-        self.sums = empty(n, block, 2 * d)  # [num | den]
-        self.near = empty(max(n - 1, 0), near, 2 * d)  # one neighbouring block's band contribution
-        self.carry = empty(n, 2 * d)
+        self.terms = empty(n, block, chunk, 2 * d)  # [a | b] = [exp(K - c) V | exp(K - c)]
+        self.sums = empty(n, block, chunk, 2 * d)  # [num | den]
+        self.near = empty(max(n - 1, 0), near, chunk, 2 * d)  # one neighbouring block's band contribution
+        self.carry = empty(n, chunk, 2 * d)
         if backward:
-            self.grads = empty(n, block, 2 * d)  # [g | -g H], the gradients of num and den
+            self.grads = empty(n, block, chunk, 2 * d)  # [g | -g H], the gradients of num and den
+
+
+def _chunk_size(batch: int, length: int, d: int, dtype: torch.dtype) -> int:
+    return max(1, min(batch, _CHUNK_BYTES // (length * 2 * d * torch.finfo(dtype).bits // 8)))
+
+
+def _as_matrix(x: Tensor) -> Tensor:
+    """`[n, rows, chunk, 2d]` -> `[n, rows, chunk 2d]`: every element and channel is one column."""
+    return x.reshape(x.shape[0], x.shape[1], -1)
 
 
 def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blocks: _LocalBlocks,
                 buffers: _LocalBuffers) -> None:
-    """num and den of one batch element into `buffers.sums`: k, v `[T, d]`, shift `[n, d]`.
+    """num and den of a chunk of batch elements into `buffers.sums`: k, v `[c, T, d]`, shift `[c, n, d]`.
 
         num_t = sum_{t' in N(t)} exp(-r_t) a_t' + sum_{|t - t'| < s} (exp(w_tt' - r_t) - exp(-r_t)) a_t'
 
     per block j: own block @ [a | b]_j, plus the band's corners against blocks j -+ 1, plus the
     running totals of earlier blocks (causal; all blocks, bidirectional) times exp(-r_t).
     """
-    length, d = k.shape
+    chunk, length, d = k.shape
     n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
-    terms, sums = buffers.terms, buffers.sums
-    flat = terms.view(n * block, 2 * d)
-    weights = terms[..., d:]  # b = exp(K - c), [n, L, d]
+    terms, sums = buffers.terms[:, :, :chunk], buffers.sums[:, :, :chunk]
+    flat = terms.reshape(n * block, chunk, 2 * d)  # time first: [T', c, 2d]
+    weights = terms[..., d:]  # b = exp(K - c), [n, L, c, d]
+    shift = shift.transpose(0, 1)  # [n, c, d]
     full = length // block  # blocks without padding rows: exp(K - c) straight into the buffer
-    torch.sub(k[: full * block].reshape(full, block, d), shift[:full, None, :], out=weights[:full])
+    keys = k.transpose(0, 1)  # [T, c, d]
+    torch.sub(keys[: full * block].reshape(full, block, chunk, d), shift[:full, None], out=weights[:full])
     if full < n:
-        flat[full * block: length, d:].copy_(k[full * block:]).sub_(shift[full])
+        flat[full * block: length, :, d:].copy_(keys[full * block:]).sub_(shift[full])
     weights.exp_()
     flat[length:].zero_()
     if padding is not None:  # padded keys contribute nothing
-        flat[:length, d:].masked_fill_(padding[:, None], 0.0)
-    torch.mul(flat[:length, d:], v, out=flat[:length, :d])  # a = b V
-    torch.bmm(blocks.own, terms, out=sums)
-    rescale = _block_rescale(shift, blocks.causal)  # [n, 2d]
+        flat[:length, :, d:].masked_fill_(padding.T[:, :, None], 0.0)
+    torch.mul(flat[:length, :, d:], v.transpose(0, 1), out=flat[:length, :, :d])  # a = b V
+    torch.bmm(blocks.own, _as_matrix(terms), out=_as_matrix(sums))
+    rescale = _block_rescale(shift, blocks.causal)  # [n, c, 2d]
     if n > 1 and near > 0:
-        torch.bmm(blocks.previous[1:], terms[:-1, block - near:], out=buffers.near)
+        nearby = buffers.near[:, :, :chunk]
+        torch.bmm(blocks.previous[1:], _as_matrix(terms[:-1, block - near:]), out=_as_matrix(nearby))
         if rescale is not None:  # from c_{j-1} to c_j
-            buffers.near.mul_(rescale[1:, None, :])
-        sums[1:, :near].add_(buffers.near)
+            nearby.mul_(rescale[1:, None])
+        sums[1:, :near].add_(nearby)
         if not blocks.causal:
-            torch.bmm(blocks.next[:-1], terms[1:, :near], out=buffers.near)
-            sums[:-1, block - near:].add_(buffers.near)
-    totals = terms.sum(dim=1)  # [n, 2d]
-    carry = buffers.carry
+            torch.bmm(blocks.next[:-1], _as_matrix(terms[1:, :near]), out=_as_matrix(nearby))
+            sums[:-1, block - near:].add_(nearby)
+    totals = terms.sum(dim=1)  # [n, c, 2d]
+    carry = buffers.carry[:, :chunk]
     if blocks.causal:  # carry_j = (carry_{j-1} + totals_{j-1}) exp(c_{j-1} - c_j), the earlier blocks
         carry[0].zero_()
         for j in range(1, n):
             torch.add(carry[j - 1], totals[j - 1], out=carry[j]).mul_(rescale[j])
     else:
-        carry.copy_(totals.sum(dim=0, keepdim=True).expand(n, 2 * d))
-    sums.addcmul_(blocks.outside, carry[:, None, :])
+        carry.copy_(totals.sum(dim=0, keepdim=True).expand(n, chunk, 2 * d))
+    sums.addcmul_(blocks.outside[..., None], carry[:, None])
 
 
 def _block_rescale(shift: Tensor, causal: bool) -> Tensor | None:
-    """exp(c_{j-1} - c_j) <= 1 for [a | b] `[..., n, 2d]` (block 0: 1); None when bidirectional (one shift)."""
+    """exp(c_{j-1} - c_j) <= 1 for [a | b] `[n, ..., 2d]` (block 0: 1); None when bidirectional (one shift)."""
     if not causal:
         return None
-    rescale = torch.ones_like(shift)  # [..., n, d]
-    rescale[..., 1:, :] = torch.exp((shift[..., :-1, :] - shift[..., 1:, :]).clamp_max(0.0))
+    rescale = torch.ones_like(shift)  # [n, ..., d]
+    rescale[1:] = torch.exp((shift[:-1] - shift[1:]).clamp_max(0.0))
     return torch.cat([rescale, rescale], dim=-1)
 
 
 class _AFTLocalFunction(torch.autograd.Function):
     """AFT-local on the projections `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`.
 
-    Saves only its inputs: the backward pass recomputes num and den one batch element at a time
-    and applies the transposed block matrices (derived above), so the work space is O(T d).
+    Saves only its inputs: the backward pass recomputes num and den a chunk of batch elements at
+    a time and applies the transposed block matrices (derived above), so the work space is O(T d).
     """
 
     @staticmethod
@@ -367,14 +385,18 @@ class _AFTLocalFunction(torch.autograd.Function):
         q, k, v = qkv.split(d, dim=-1)
         acc = shift.dtype
         blocks = _local_blocks(band.to(acc), window, block, length, causal)
-        buffers = _LocalBuffers(blocks, d, acc, q.device, backward=False)
+        chunk = _chunk_size(batch, length, d, acc)
+        buffers = _LocalBuffers(blocks, chunk, d, acc, q.device, backward=False)
         out = torch.empty(batch, length, d, dtype=qkv.dtype, device=qkv.device)
-        for b in range(batch):
-            _local_sums(k[b], v[b], None if padding is None else padding[b], shift[b], blocks, buffers)
-            num, den = _numerator_denominator(buffers, length, d)
+        for first in range(0, batch, chunk):
+            part = slice(first, first + chunk)
+            if batch - first < chunk:  # a shorter last chunk gets buffers of its own size
+                buffers = _LocalBuffers(blocks, batch - first, d, acc, q.device, backward=False)
+            _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
+            num, den = _numerator_denominator(buffers, length, k[part].shape[0], d)  # [T, c, d]
             ratio = torch.div(num, den)
             ratio.masked_fill_(den <= 0, 0.0)  # a query whose keys are all padding: output 0, not 0/0
-            out[b] = ratio.mul_(torch.sigmoid(q[b].to(acc)))
+            out[part] = ratio.transpose(0, 1).mul_(torch.sigmoid(q[part].to(acc)))
         ctx.save_for_backward(qkv, band, shift, padding)
         ctx.window, ctx.block, ctx.causal = window, block, causal
         return out
@@ -388,8 +410,8 @@ class _AFTLocalFunction(torch.autograd.Function):
         acc = shift.dtype
         blocks = _local_blocks(band.to(acc), window, block, length, causal)
         n, near = blocks.n_blocks, window - 1
-        buffers = _LocalBuffers(blocks, d, acc, q.device, backward=True)
-        rescale = _block_rescale(shift, causal)
+        chunk = _chunk_size(batch, length, d, acc)
+        buffers = _LocalBuffers(blocks, chunk, d, acc, q.device, backward=True)
         grad_qkv = torch.empty_like(qkv)  # one tensor: the projections' backward is one matmul
         grad_q, grad_k, grad_v = grad_qkv.split(d, dim=-1)
         want_band = ctx.needs_input_grad[1]
@@ -397,67 +419,78 @@ class _AFTLocalFunction(torch.autograd.Function):
             grad_own = torch.zeros(n, block, block, dtype=acc, device=q.device)
             grad_previous = torch.zeros(n, near, near, dtype=acc, device=q.device)
             grad_next = torch.zeros(n, near, near, dtype=acc, device=q.device)
-        terms, grads = buffers.terms, buffers.grads
-        flat_grads = grads.view(n * block, 2 * d)
-        for b in range(batch):
-            _local_sums(k[b], v[b], None if padding is None else padding[b], shift[b], blocks, buffers)
-            num, den = _numerator_denominator(buffers, length, d)
-            gate = torch.sigmoid(q[b].to(acc))  # sigma(Q)
+        for first in range(0, batch, chunk):
+            part = slice(first, first + chunk)
+            size = k[part].shape[0]
+            if size < chunk:  # a shorter last chunk gets buffers of its own size
+                buffers = _LocalBuffers(blocks, size, d, acc, q.device, backward=True)
+            terms, grads = buffers.terms[:, :, :size], buffers.grads[:, :, :size]
+            flat_grads = grads.reshape(n * block, size, 2 * d)
+            _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
+            num, den = _numerator_denominator(buffers, length, size, d)  # [T, c, d]
+            gate = torch.sigmoid(q[part].to(acc)).transpose(0, 1)  # sigma(Q)
             inverse = den.masked_fill_(den <= 0, math.inf).reciprocal_()  # 1 / den, 0 without keys
             ratio = num.mul_(inverse)  # H = num / den
-            upstream = grad_out[b].to(acc)
+            upstream = grad_out[part].to(acc).transpose(0, 1)
             # g = G sigma / den (d loss / d num) ;  d loss / d den = -g H ;  dQ = G H sigma (1 - sigma)
-            g = flat_grads[:length, :d]
+            g = flat_grads[:length, :, :d]
             torch.mul(upstream, gate, out=g)
-            torch.mul(g, ratio, out=flat_grads[:length, d:]).neg_()
-            grad_q[b] = flat_grads[:length, d:] * gate.sub_(1.0)  # -G sigma H (sigma - 1)
+            torch.mul(g, ratio, out=flat_grads[:length, :, d:]).neg_()
+            grad_q[part] = (flat_grads[:length, :, d:] * gate.sub_(1.0)).transpose(0, 1)  # -G sigma H (sigma - 1)
             g.mul_(inverse)
-            flat_grads[:length, d:].mul_(inverse)
+            flat_grads[:length, :, d:].mul_(inverse)
             flat_grads[length:].zero_()
-            back = buffers.sums  # num and den are spent: the buffer takes [U | -R]
-            flat_back = back.view(n * block, 2 * d)
-            rescale_b = None if rescale is None else rescale[b]
+            back = buffers.sums[:, :, :size]  # num and den are spent: the buffer takes [U | -R]
+            flat_back = back.reshape(n * block, size, 2 * d)
+            rescale = _block_rescale(shift[part].transpose(0, 1), causal)  # [n, c, 2d]
             # [U | -R]_t' = sum_t M_tt' [g | -g H]_t: the transposed block matrices
-            torch.bmm(blocks.own.transpose(1, 2), grads, out=back)
+            torch.bmm(blocks.own.transpose(1, 2), _as_matrix(grads), out=_as_matrix(back))
             if n > 1 and near > 0:
-                torch.bmm(blocks.previous[1:].transpose(1, 2), grads[1:, :near], out=buffers.near)
-                if rescale_b is not None:
-                    buffers.near.mul_(rescale_b[1:, None, :])
-                back[:-1, block - near:].add_(buffers.near)
+                nearby = buffers.near[:, :, :size]
+                torch.bmm(blocks.previous[1:].transpose(1, 2), _as_matrix(grads[1:, :near]), out=_as_matrix(nearby))
+                if rescale is not None:
+                    nearby.mul_(rescale[1:, None])
+                back[:-1, block - near:].add_(nearby)
                 if not causal:
-                    torch.bmm(blocks.next[:-1].transpose(1, 2), grads[:-1, block - near:], out=buffers.near)
-                    back[1:, :near].add_(buffers.near)
-            row_totals = torch.bmm(blocks.outside.transpose(1, 2), grads).squeeze(1)  # sum_t exp(-r_t) [g | -gH]_t
-            carry = buffers.carry
+                    torch.bmm(blocks.next[:-1].transpose(1, 2), _as_matrix(grads[:-1, block - near:]),
+                              out=_as_matrix(nearby))
+                    back[1:, :near].add_(nearby)
+            # sum_t exp(-r_t) [g | -gH]_t per block, [n, c, 2d]
+            row_totals = torch.bmm(blocks.outside.transpose(1, 2), _as_matrix(grads)).view(n, size, 2 * d)
+            carry = buffers.carry[:, :size]
             if causal:  # later blocks, rescaled from c_{j+1} back to c_j
                 carry[n - 1].zero_()
                 for j in range(n - 2, -1, -1):
-                    torch.add(carry[j + 1], row_totals[j + 1], out=carry[j]).mul_(rescale_b[j + 1])
+                    torch.add(carry[j + 1], row_totals[j + 1], out=carry[j]).mul_(rescale[j + 1])
             else:
-                carry.copy_(row_totals.sum(dim=0, keepdim=True).expand(n, 2 * d))
-            back.add_(carry[:, None, :])
-            weights = terms.view(n * block, 2 * d)[:length, d:]  # exp(K - c), 0 at padding
+                carry.copy_(row_totals.sum(dim=0, keepdim=True).expand(n, size, 2 * d))
+            back.add_(carry[:, None])
+            weights = terms.reshape(n * block, size, 2 * d)[:length, :, d:]  # exp(K - c), 0 at padding
             # dV = exp(K - c) U ;  dK = exp(K - c) (V U - R)
-            grad_v[b] = weights * flat_back[:length, :d]
-            grad_k[b] = (v[b].to(acc) * flat_back[:length, :d]).add_(flat_back[:length, d:]).mul_(weights)
-            if want_band:  # d loss / d M_tt' = sum over channels of [g | -g H]_t . [a | b]_t'
-                grad_own.baddbmm_(grads, terms.transpose(1, 2))
+            grad_v[part] = (weights * flat_back[:length, :, :d]).transpose(0, 1)
+            grad_k[part] = ((v[part].to(acc).transpose(0, 1) * flat_back[:length, :, :d]).add_(flat_back[:length, :, d:])
+                            .mul_(weights).transpose(0, 1))
+            if want_band:  # d loss / d M_tt' = sum over elements and channels of [g | -g H]_t . [a | b]_t'
+                grad_own.baddbmm_(_as_matrix(grads), _as_matrix(terms).transpose(1, 2))
                 if n > 1 and near > 0:
                     scaled = grads[1:, :near]
-                    if rescale_b is not None:
-                        scaled = torch.mul(scaled, rescale_b[1:, None, :], out=buffers.near)
-                    grad_previous[1:].baddbmm_(scaled, terms[:-1, block - near:].transpose(1, 2))
+                    if rescale is not None:
+                        scaled = torch.mul(scaled, rescale[1:, None], out=buffers.near[:, :, :size])
+                    grad_previous[1:].baddbmm_(_as_matrix(scaled), _as_matrix(terms[:-1, block - near:]).transpose(1, 2))
                     if not causal:
-                        grad_next[:-1].baddbmm_(grads[:-1, block - near:], terms[1:, :near].transpose(1, 2))
+                        grad_next[:-1].baddbmm_(_as_matrix(grads[:-1, block - near:]),
+                                                _as_matrix(terms[1:, :near]).transpose(1, 2))
         grad_band = None
         if want_band:
             grad_band = _band_gradient(grad_own, grad_previous, grad_next, blocks, length).to(band.dtype)
         return grad_qkv, grad_band, None, None, None, None, None
 
 
-def _numerator_denominator(buffers: _LocalBuffers, length: int, d: int) -> tuple[Tensor, Tensor]:
-    flat = buffers.sums.view(-1, 2 * d)
-    return flat[:length, :d], flat[:length, d:]
+def _numerator_denominator(buffers: _LocalBuffers, length: int, chunk: int, d: int) -> tuple[Tensor, Tensor]:
+    """Views of num and den, `[T, c, d]` each, in `buffers.sums`."""
+    sums = buffers.sums[:, :, :chunk]
+    flat = sums.reshape(-1, chunk, 2 * d)
+    return flat[:length, :, :d], flat[:length, :, d:]
 
 
 def _band_gradient(grad_own: Tensor, grad_previous: Tensor, grad_next: Tensor, blocks: _LocalBlocks,
@@ -475,13 +508,15 @@ def _band_gradient(grad_own: Tensor, grad_previous: Tensor, grad_next: Tensor, b
 
 def _aft_local_fast(qkv: Tensor, band: Tensor, window: int, causal: bool,
                     key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local with the band `[T, 2s - 1]` of biases: blocks of L = max(s, 64) queries, O(T s d) time.
+    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of biases, O(T s d) time.
 
     num_t = sum_{t' in N(t)} a_t' + sum_{|t - t'| < s} expm1(w_tt') a_t' (the fast-form identity),
-    the first sum as running totals carried block to block, the second as matmuls per block.
-    Memory beyond q, k, v: O(T d) work space for one batch element.
+    the first sum as running totals carried block to block, the second as matmuls per block of
+    L = max(s, 64) queries. Memory beyond the inputs: O(T d) work space for a chunk of the batch.
     """
     batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    if length == 0:  # no positions: an empty output
+        return qkv[..., :d] * 0.0
     k = qkv[..., d: 2 * d]
     window = min(window, length)
     stored = (band.shape[-1] + 1) // 2
@@ -525,7 +560,7 @@ def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *, causal
     check_tensor("w", w, (length, length), "[T, T]")
     window = _check_window(window)
     key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
-    window = min(window, length)
+    window = min(window, max(length, 1))
     return _aft_local_fast(torch.cat([q, k, v], dim=-1), band_of(w, window), window, causal, key_padding_mask)
 
 

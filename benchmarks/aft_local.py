@@ -7,7 +7,8 @@ d x d projections (W_Q, W_K, W_V, W_O):
 
 - dense: the naive AFT-local, a `[T, T]` matrix exp(w') (w' = w inside the window, 0 outside,
   -inf above the diagonal) times exp(K - max K) * V, with one max over the whole sequence;
-- fast: `aftalibi.aft.AFTLocal` (prefix sums + a band of expm1(w) as batched matmuls);
+- fast: `aftalibi.aft.AFTLocal` (blocks of max(s, 64) queries: running totals plus a band of
+  expm1(w) as batched matmuls, recomputed in a hand-written backward pass);
 - projections: the four projections alone, the floor of any such layer.
 
 Time: median of --repeats fwd+bwd runs after one warm-up. Peak memory: each (layer, T) runs in a
@@ -19,10 +20,13 @@ import argparse
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn as nn
 from measure import seconds_and_peak_mib
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure the aftalibi of this checkout
 
 
 class DenseAFTLocal(nn.Module):

@@ -266,3 +266,93 @@ def test_a_fresh_conv_layer_is_aft_simple():
 def test_bad_input_is_named(make, error, message):
     with pytest.raises(error, match=message):
         make()
+
+
+# The AFT-local fast path (`_aft_local_fast`): a custom autograd.Function with a hand-written backward.
+
+def local_inputs(batch, length, d, window, seed, padded):
+    generator = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(batch, length, d, dtype=float64, generator=generator, requires_grad=True) for _ in range(3))
+    w = torch.randn(length, length, dtype=float64, generator=generator, requires_grad=True)
+    mask = None
+    if padded:
+        mask = random_padding(batch, length, generator)
+        mask[0] = True  # a fully padded row: output 0, gradient 0
+    return q, k, v, w, mask
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("length,window", [(66, 3), (9, 3), (6, 9), (65, 1)])
+def test_fast_local_backward_passes_gradcheck(length, window, causal):
+    from aftalibi.aft import _aft_local_fast
+    generator = torch.Generator().manual_seed(length + window)
+    qkv = torch.randn(2, length, 3, dtype=float64, generator=generator, requires_grad=True)  # d = 1
+    band = torch.randn(length, 2 * window - 1, dtype=float64, generator=generator, requires_grad=True)
+    mask = random_padding(2, length, generator)
+    mask[1, : length // 2] = True  # left padding, and rows with no key yet (causal)
+    # fast_mode checks random projections of the Jacobian: several blocks stay quick
+    assert torch.autograd.gradcheck(lambda qkv, band: _aft_local_fast(qkv, band, window, causal, mask), (qkv, band),
+                                    fast_mode=length > 64)
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "padded"])
+@pytest.mark.parametrize("length,window", [(150, 8), (130, 64), (129, 65), (100, 1), (30, 50)])
+def test_fast_local_gradients_equal_the_references(length, window, padded, causal):
+    q, k, v, w, mask = local_inputs(2, length, 3, window, seed=length + window, padded=padded)
+    upstream = torch.randn(2, length, 3, dtype=float64)
+    ours = torch.autograd.grad((aft_local(q, k, v, w, window, causal=causal, key_padding_mask=mask) * upstream).sum(),
+                               (q, k, v, w))
+    expected = aft_reference(q, k, v, local_bias(w, window), causal=causal, key_padding_mask=mask)
+    reference = torch.autograd.grad((expected * upstream).sum(), (q, k, v, w))
+    for name, got, want in zip("qkvw", ours, reference):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-10, msg=lambda m: f"grad of {name}: {m}")
+
+
+@pytest.mark.parametrize("kind", ["keys x 100", "keys grow along time", "large biases"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_fast_local_gradients_of_extreme_inputs(kind, causal):
+    q, k, v, w = extreme_inputs(kind, length=200)
+    upstream = torch.randn(2, 200, 4, dtype=float64)
+    inputs = [x.clone().requires_grad_() for x in (q, k, v, w)]
+    expected = aft_reference(*inputs[:3], local_bias(inputs[3], 8), causal=causal)
+    reference = torch.autograd.grad((expected * upstream).sum(), inputs)
+    for dtype, tolerance in [(float64, 1e-8), (torch.float32, 1e-3)]:
+        low = [x.detach().to(dtype).requires_grad_() for x in (q, k, v, w)]
+        out = aft_local(*low[:3], low[3], 8, causal=causal)
+        grads = torch.autograd.grad((out * upstream.to(dtype)).sum(), low)
+        assert all(torch.isfinite(g).all() for g in grads)
+        if kind == "keys grow along time" or dtype == float64:  # float32 keys x 100 lose digits in k itself
+            for got, want in zip(grads, reference):
+                assert (got.double() - want).abs().max() <= tolerance * (1 + want.abs().max())
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_fast_local_low_precision_gradients_are_finite(dtype):
+    layer = AFTLocal(16, 80, 8).to(dtype)
+    x = torch.randn(2, 80, 16, dtype=dtype, requires_grad=True)
+    mask = torch.zeros(2, 80, dtype=torch.bool)
+    mask[1, :30] = True
+    out = layer(x, key_padding_mask=mask)
+    out.float().sum().backward()
+    assert out.dtype == dtype and torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in layer.parameters())
+
+
+def test_local_layer_equals_its_projections_through_the_reference():
+    torch.manual_seed(9)
+    layer = AFTLocal(8, 150, 6, causal=True).double()
+    with torch.no_grad():
+        layer.band.normal_()
+    x = torch.randn(2, 150, 8, dtype=float64)
+    q, k, v = layer.to_q(x), layer.to_k(x), layer.to_v(x)
+    w = torch.zeros(150, 150, dtype=float64)
+    distance = torch.arange(150)[:, None] - torch.arange(150)[None, :]
+    inside = distance.abs() < 6
+    w[inside] = layer.band.detach()[torch.arange(150)[:, None].expand(150, 150)[inside], (5 - distance)[inside]]
+    torch.testing.assert_close(layer(x), layer.out(aft_reference(q, k, v, w, causal=True)))
+
+
+def test_local_of_an_empty_sequence_is_empty():
+    assert aft_local(*torch.randn(3, 1, 0, 2), torch.zeros(0, 0), 3).shape == (1, 0, 2)
+    assert AFTLocal(4, 8, 3)(torch.randn(2, 0, 4)).shape == (2, 0, 4)
