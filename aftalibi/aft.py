@@ -149,12 +149,7 @@ def _aft_banded(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, caus
     # The band's biases per block, with the query's row shift r_t = max(0, max_t' w_tt') so that
     # exp(w - r) never overflows; both sums of one query are scaled by exp(-r_t), which cancels.
     band = F.pad(band.to(acc), (0, 0, 0, padded_length - length)).view(groups, n_blocks, block, 2 * window - 1)
-    offset = torch.arange(-(window - 1), window, device=q.device)  # delta = t' - t
-    query_position = torch.arange(padded_length, device=q.device).view(n_blocks, block, 1)
-    key_position = query_position + offset  # [n, L, 2s - 1]
-    valid = (key_position >= 0) & (key_position < length) & (query_position < length)
-    if causal:
-        valid = valid & (offset <= 0)
+    valid = _band_entries(n_blocks, block, window, length, causal, q.device)
     band = band.masked_fill(~valid, float("-inf"))
     with torch.no_grad():
         row_shift = band.amax(dim=-1, keepdim=True)  # [G, n, L, 1]
@@ -185,6 +180,16 @@ def _aft_banded(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, caus
     has_key = den > 0  # a query whose keys are all padding: output 0, not 0/0
     mixed = torch.where(has_key, num / torch.where(has_key, den, torch.ones_like(den)), torch.zeros_like(num))
     return (torch.sigmoid(q.to(acc)) * mixed).to(q.dtype)
+
+
+def _band_entries(n_blocks: int, block: int, window: int, length: int, causal: bool, device) -> Tensor:
+    """Which entries of the band storage, cut into blocks `[n, L, 2s - 1]`, are real pairs (t, t + delta):
+    both positions inside the sequence and, causal, the key not after the query."""
+    offset = torch.arange(-(window - 1), window, device=device)  # delta = t' - t
+    query_position = torch.arange(n_blocks * block, device=device).view(n_blocks, block, 1)
+    key_position = query_position + offset  # [n, L, 2s - 1]
+    valid = (key_position >= 0) & (key_position < length) & (query_position < length)
+    return valid & (offset <= 0) if causal else valid
 
 
 def _prefix_sums(a: Tensor, b: Tensor, shift: Tensor, causal: bool) -> tuple[Tensor, Tensor]:
@@ -237,12 +242,7 @@ def _local_blocks(band: Tensor, window: int, block: int, length: int, causal: bo
     n_blocks = -(-length // block)
     padded_length = n_blocks * block
     band = F.pad(band, (0, 0, 0, padded_length - length)).view(n_blocks, block, 2 * window - 1)
-    offset = torch.arange(-(window - 1), window, device=band.device)  # delta = t' - t
-    query_position = torch.arange(padded_length, device=band.device).view(n_blocks, block, 1)
-    key_position = query_position + offset  # [n, L, 2s - 1]
-    valid = (key_position >= 0) & (key_position < length) & (query_position < length)
-    if causal:
-        valid = valid & (offset <= 0)
+    valid = _band_entries(n_blocks, block, window, length, causal, band.device)
     band = band.masked_fill(~valid, float("-inf"))
     # The row shift r_t = max(0, max_t' w_tt'): both sums of query t are scaled by exp(-r_t), which cancels.
     row_shift = band.amax(dim=-1, keepdim=True)  # [n, L, 1]
