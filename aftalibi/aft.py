@@ -294,7 +294,8 @@ _CHUNK_BYTES = 8 * 2**20
 
 class _LocalBuffers:
     """Work space for a chunk of batch elements, time first (`[n, L, chunk, 2d]`), allocated once
-    per call and reused from chunk to chunk."""
+    per call and reused from chunk to chunk; it fits its chunk exactly, so the `[n, L, chunk 2d]`
+    matrix views that `torch.bmm` writes into are views, never copies."""
 
     def __init__(self, blocks: _LocalBlocks, chunk: int, d: int, dtype: torch.dtype, device, backward: bool):
         n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
@@ -327,7 +328,7 @@ def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blo
     """
     chunk, length, d = k.shape
     n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
-    terms, sums = buffers.terms[:, :, :chunk], buffers.sums[:, :, :chunk]
+    terms, sums = buffers.terms, buffers.sums
     flat = terms.reshape(n * block, chunk, 2 * d)  # time first: [T', c, 2d]
     weights = terms[..., d:]  # b = exp(K - c), [n, L, c, d]
     shift = shift.transpose(0, 1)  # [n, c, d]
@@ -344,7 +345,7 @@ def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blo
     torch.bmm(blocks.own, _as_matrix(terms), out=_as_matrix(sums))
     rescale = _block_rescale(shift, blocks.causal)  # [n, c, 2d]
     if n > 1 and near > 0:
-        nearby = buffers.near[:, :, :chunk]
+        nearby = buffers.near
         torch.bmm(blocks.previous[1:], _as_matrix(terms[:-1, block - near:]), out=_as_matrix(nearby))
         if rescale is not None:  # from c_{j-1} to c_j
             nearby.mul_(rescale[1:, None])
@@ -353,7 +354,7 @@ def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blo
             torch.bmm(blocks.next[:-1], _as_matrix(terms[1:, :near]), out=_as_matrix(nearby))
             sums[:-1, block - near:].add_(nearby)
     totals = terms.sum(dim=1)  # [n, c, 2d]
-    carry = buffers.carry[:, :chunk]
+    carry = buffers.carry
     if blocks.causal:  # carry_j = (carry_{j-1} + totals_{j-1}) exp(c_{j-1} - c_j), the earlier blocks
         carry[0].zero_()
         for j in range(1, n):
@@ -393,7 +394,7 @@ class _AFTLocalFunction(torch.autograd.Function):
             if batch - first < chunk:  # a shorter last chunk gets buffers of its own size
                 buffers = _LocalBuffers(blocks, batch - first, d, acc, q.device, backward=False)
             _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
-            num, den = _numerator_denominator(buffers, length, k[part].shape[0], d)  # [T, c, d]
+            num, den = _numerator_denominator(buffers, length)  # [T, c, d]
             ratio = torch.div(num, den)
             ratio.masked_fill_(den <= 0, 0.0)  # a query whose keys are all padding: output 0, not 0/0
             out[part] = ratio.transpose(0, 1).mul_(torch.sigmoid(q[part].to(acc)))
@@ -424,10 +425,10 @@ class _AFTLocalFunction(torch.autograd.Function):
             size = k[part].shape[0]
             if size < chunk:  # a shorter last chunk gets buffers of its own size
                 buffers = _LocalBuffers(blocks, size, d, acc, q.device, backward=True)
-            terms, grads = buffers.terms[:, :, :size], buffers.grads[:, :, :size]
+            terms, grads = buffers.terms, buffers.grads
             flat_grads = grads.reshape(n * block, size, 2 * d)
             _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
-            num, den = _numerator_denominator(buffers, length, size, d)  # [T, c, d]
+            num, den = _numerator_denominator(buffers, length)  # [T, c, d]
             gate = torch.sigmoid(q[part].to(acc)).transpose(0, 1)  # sigma(Q)
             inverse = den.masked_fill_(den <= 0, math.inf).reciprocal_()  # 1 / den, 0 without keys
             ratio = num.mul_(inverse)  # H = num / den
@@ -440,13 +441,13 @@ class _AFTLocalFunction(torch.autograd.Function):
             g.mul_(inverse)
             flat_grads[:length, :, d:].mul_(inverse)
             flat_grads[length:].zero_()
-            back = buffers.sums[:, :, :size]  # num and den are spent: the buffer takes [U | -R]
+            back = buffers.sums  # num and den are spent: the buffer takes [U | -R]
             flat_back = back.reshape(n * block, size, 2 * d)
             rescale = _block_rescale(shift[part].transpose(0, 1), causal)  # [n, c, 2d]
             # [U | -R]_t' = sum_t M_tt' [g | -g H]_t: the transposed block matrices
             torch.bmm(blocks.own.transpose(1, 2), _as_matrix(grads), out=_as_matrix(back))
             if n > 1 and near > 0:
-                nearby = buffers.near[:, :, :size]
+                nearby = buffers.near
                 torch.bmm(blocks.previous[1:].transpose(1, 2), _as_matrix(grads[1:, :near]), out=_as_matrix(nearby))
                 if rescale is not None:
                     nearby.mul_(rescale[1:, None])
@@ -457,7 +458,7 @@ class _AFTLocalFunction(torch.autograd.Function):
                     back[1:, :near].add_(nearby)
             # sum_t exp(-r_t) [g | -gH]_t per block, [n, c, 2d]
             row_totals = torch.bmm(blocks.outside.transpose(1, 2), _as_matrix(grads)).view(n, size, 2 * d)
-            carry = buffers.carry[:, :size]
+            carry = buffers.carry
             if causal:  # later blocks, rescaled from c_{j+1} back to c_j
                 carry[n - 1].zero_()
                 for j in range(n - 2, -1, -1):
@@ -475,7 +476,7 @@ class _AFTLocalFunction(torch.autograd.Function):
                 if n > 1 and near > 0:
                     scaled = grads[1:, :near]
                     if rescale is not None:
-                        scaled = torch.mul(scaled, rescale[1:, None], out=buffers.near[:, :, :size])
+                        scaled = torch.mul(scaled, rescale[1:, None], out=buffers.near)
                     grad_previous[1:].baddbmm_(_as_matrix(scaled), _as_matrix(terms[:-1, block - near:]).transpose(1, 2))
                     if not causal:
                         grad_next[:-1].baddbmm_(_as_matrix(grads[:-1, block - near:]),
@@ -486,10 +487,10 @@ class _AFTLocalFunction(torch.autograd.Function):
         return grad_qkv, grad_band, None, None, None, None, None
 
 
-def _numerator_denominator(buffers: _LocalBuffers, length: int, chunk: int, d: int) -> tuple[Tensor, Tensor]:
+def _numerator_denominator(buffers: _LocalBuffers, length: int) -> tuple[Tensor, Tensor]:
     """Views of num and den, `[T, c, d]` each, in `buffers.sums`."""
-    sums = buffers.sums[:, :, :chunk]
-    flat = sums.reshape(-1, chunk, 2 * d)
+    flat = buffers.sums.flatten(0, 1)  # [n L, c, 2d]
+    d = flat.shape[-1] // 2
     return flat[:length, :, :d], flat[:length, :, d:]
 
 
@@ -667,10 +668,17 @@ class _AFTBase(nn.Module):
         self.to_v = nn.Linear(d_model, d_model, bias=bias)  # W_V
         self.out = nn.Linear(d_model, d_model, bias=bias)  # W_O
 
-    def _project(self, x: Tensor, key_padding_mask: Tensor | None):
+    def _project_qkv(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """[Q | K | V] `[B, T, 2 d + key channels]`: W_Q, W_K, W_V as one matmul, and one gradient tensor."""
         check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
         check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
-        return self.to_q(x), self.to_k(x), self.to_v(x)
+        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
+        bias = None if self.to_q.bias is None else torch.cat([self.to_q.bias, self.to_k.bias, self.to_v.bias])
+        return F.linear(x, weight, bias)
+
+    def _project(self, x: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+        qkv = self._project_qkv(x, key_padding_mask)
+        return qkv.split([self.d_model, self.to_k.out_features, self.d_model], dim=-1)
 
     def new_state(self) -> AFTState:
         """An empty decoding state for `step`."""
@@ -758,12 +766,7 @@ class AFTLocal(_AFTBase):
         length = x.shape[1] if x.ndim == 3 else 0
         if length > self.max_len:
             raise _too_long("AFTLocal", self.max_len, length)
-        check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        check_key_padding_mask(key_padding_mask, x.shape[0], length)
-        # W_Q, W_K, W_V as one matmul: [Q | K | V] is [B, T, 3 d], and its gradient one tensor
-        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
-        bias = None if self.to_q.bias is None else torch.cat([self.to_q.bias, self.to_k.bias, self.to_v.bias])
-        qkv = F.linear(x, weight, bias)
+        qkv = self._project_qkv(x, key_padding_mask)
         return self.out(_aft_local_fast(qkv, self.band[:length], self.window, self.causal, key_padding_mask))
 
     def _state_window(self) -> int:
