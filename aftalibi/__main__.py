@@ -123,14 +123,14 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     import torch
 
     from aftalibi.model import generate
-    from aftalibi.train import load_checkpoint, model_from_checkpoint, train
+    from aftalibi.train import Distributed, load_checkpoint, model_from_checkpoint, train
 
     config = TrainConfig(**options_of(TrainConfig, args))
     start = time.perf_counter()
     result = train(options_of(ModelConfig, args, skip=("vocab_size",)), config, resume=args.resume,
                    session_steps=args.session_steps)
     minutes = (time.perf_counter() - start) / 60
-    if int(os.environ.get("RANK", 0)) != 0:
+    if not Distributed.from_environment().is_main:
         return 0  # under torchrun, rank 0 reports and samples
     print(f"\nstep {result['step']}: validation loss {result['validation_loss']:.3f} nats/char, "
           f"{result['tokens_per_second']:,.0f} tokens/s, {minutes:.1f} min; checkpoint: {result['checkpoint']}")

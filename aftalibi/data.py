@@ -138,11 +138,13 @@ class Corpus:
             raise ValueError(f"split must be 'train', 'validation' or 'test', got {split!r}")
         return self.tokenizer.encode(getattr(self, split))
 
-    def check_length(self, seq_len: int) -> None:
-        for name in ("train", "validation", "test"):
+    def check_length(self, seq_len: int, splits: tuple[str, ...] = ("train", "validation", "test"),
+                     option: str = "seq_len") -> None:
+        """Each of `splits` holds a window of `seq_len` + 1 characters; the error names `option`."""
+        for name in splits:
             if len(getattr(self, name)) < seq_len + 1:
                 raise CorpusError(f"the {name} split of {self.source} has {len(getattr(self, name))} characters, "
-                                  f"fewer than seq_len + 1 = {seq_len + 1}: use a longer text or a shorter seq_len")
+                                  f"fewer than {option} + 1 = {seq_len + 1}: use a longer text or a shorter {option}")
 
 # %% ../notebooks/05_data.ipynb #85e03703
 TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"

@@ -14,7 +14,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
-from .data import Corpus, CorpusError, CharTokenizer, load_corpus, random_windows, sequential_windows
+from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
@@ -294,9 +294,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic, so ranks may race to it
     corpus.check_length(config.seq_len)
     eval_seq_len = config.eval_seq_len or config.seq_len
-    if len(corpus.validation) < eval_seq_len + 1:
-        raise CorpusError(f"the validation split of {corpus.source} has {len(corpus.validation)} characters, fewer than "
-                          f"eval_seq_len + 1 = {eval_seq_len + 1}: use a longer text or a shorter eval_seq_len")
+    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
     state = load_checkpoint(checkpoint_path) if resume else None
     if state is not None:
         model, tokenizer = model_from_checkpoint(state)
