@@ -3,6 +3,7 @@
 # %% ../notebooks/02_aft.ipynb #f04ca433
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -86,11 +87,26 @@ def _accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+def _outside_autocast(function):
+    """Run `function` with autocast off on the device of its first tensor argument.
+
+    The mixing accumulates in float32 whatever the dtype of its inputs (`_accumulation_dtype`);
+    inside an autocast region its matmuls would be cast back to bf16 and lose that precision.
+    """
+    @functools.wraps(function)
+    def without_autocast(*args, **kwargs):
+        device = next(arg for arg in args if isinstance(arg, Tensor)).device
+        with torch.autocast(device.type, enabled=False):
+            return function(*args, **kwargs)
+    return without_autocast
+
+
 # The most a key may exceed its block's shift c_j: exp(60) times T terms stays far below float32's
 # e^88 (a larger rise switches that call to float64), and exp(600) below float64's e^709.
 _SHIFT_HEADROOM = {torch.float32: 60.0, torch.float64: 600.0}
 
 # %% ../notebooks/02_aft.ipynb #361f81d5
+@_outside_autocast
 def _aft_banded(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
                 key_padding_mask: Tensor | None, outside_window: bool) -> Tensor:
     """AFT with biases given on a band: `band[g, t, delta + window - 1] = w_{t, t + delta}`, |delta| < window.
@@ -403,6 +419,7 @@ class _AFTLocalFunction(torch.autograd.Function):
         return out
 
     @staticmethod
+    @_outside_autocast
     def backward(ctx, grad_out):
         qkv, band, shift, padding = ctx.saved_tensors
         window, block, causal = ctx.window, ctx.block, ctx.causal
@@ -507,6 +524,7 @@ def _band_gradient(grad_own: Tensor, grad_previous: Tensor, grad_next: Tensor, b
     return (diagonals * blocks.slope).reshape(n * block, 2 * window - 1)[:length]
 
 
+@_outside_autocast
 def _aft_local_fast(qkv: Tensor, band: Tensor, window: int, causal: bool,
                     key_padding_mask: Tensor | None) -> Tensor:
     """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of biases, O(T s d) time.

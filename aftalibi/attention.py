@@ -239,6 +239,10 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rotary(q, offset=past), self.rotary(k, offset=past)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)
+        if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
+            # Under CPU bf16 autocast the projections gain most, but PyTorch's CPU attention kernels run
+            # several times slower in bf16 than in float32: mix the heads in float32.
+            q, k, v = q.float(), k.float(), v.float()
         y = self._attend(q, k, v, attention_mask)  # [B, H, T, d_head]
         return self.out(y.transpose(1, 2).reshape(batch, length, self.d_model))
 

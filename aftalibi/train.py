@@ -18,13 +18,14 @@ from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor',
-           'learning_rate_at', 'Optimizers', 'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError',
-           'save_checkpoint', 'load_checkpoint', 'model_from_checkpoint', 'Distributed', 'process_group',
-           'mean_over_ranks', 'train']
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'cpu_has_bf16_matmul',
+           'autocast_dtype', 'learning_rate_factor', 'learning_rate_at', 'Optimizers', 'muon_parameters',
+           'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
+           'model_from_checkpoint', 'Distributed', 'process_group', 'mean_over_ranks', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
+PRECISIONS = ("auto", "float32", "bfloat16")
 
 # The model of the CPU demo: what `python -m aftalibi train` builds when no model option is given
 # (and `train` when it gets no model_config); every other field keeps ModelConfig's default.
@@ -51,6 +52,7 @@ class TrainConfig:
     eval_seq_len: int = field(default=256, metadata={"help": "characters per validation window (0: seq_len); longer windows measure how a mixer uses more context than it trained on"})
     seed: int = field(default=0, metadata={"help": "seed of the model's initialisation and of the batches"})
     device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu or cuda:1"})
+    precision: str = field(default="auto", metadata={"help": "auto: bfloat16 autocast on CUDA and on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX), float32 elsewhere; or float32, or bfloat16"})
     compile: bool = field(default=False, metadata={"help": "compile the model with torch.compile"})
     out_dir: str = field(default="runs/demo", metadata={"help": "folder for the checkpoint and the labml run"})
 
@@ -65,6 +67,8 @@ class TrainConfig:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def select_device(name: str = "auto") -> torch.device:
@@ -76,6 +80,27 @@ def select_device(name: str = "auto") -> torch.device:
     if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
         return torch.device("mps")
     return torch.device("cpu")
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16, used through oneDNN).
+
+    Elsewhere bf16 matmuls are emulated and slower than float32. A torch too old to report the
+    CPU's features (no torch.cpu.get_capabilities) counts as no.
+    """
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None or not torch.backends.mkldnn.is_available():
+        return False
+    found = capabilities()
+    return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
+
+
+def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
+    """The dtype the training forward pass autocasts to for `precision` on `device`; None: plain float32."""
+    if precision == "auto":
+        native = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_matmul())
+        return torch.bfloat16 if native else None
+    return torch.bfloat16 if precision == "bfloat16" else None
 
 
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
@@ -325,7 +350,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         batches.set_state(state["batch_generator"])
         step, history = state["step"], state["history"]
     train_tokens, validation_tokens = corpus.tokens("train"), corpus.tokens("validation")
-    autocast = torch.autocast("cuda", dtype=torch.bfloat16, enabled=device.type == "cuda")
+    mixed = autocast_dtype(config.precision, device)
+    autocast = torch.autocast(device.type, dtype=mixed or torch.bfloat16, enabled=mixed is not None)
     shard = slice(distributed.rank, None, distributed.world_size)  # this rank's rows of each batch
 
     def checkpoint() -> None:

@@ -6,8 +6,10 @@ Runs the two configurations of the project's seed experiments side by side and p
 tokens/s next to the seed models' figures measured on the same 2-core CPUs (SPEC/issue 5):
 AFT-local (6 layers, d_model 128, d_ff 256, window 32, T=256, batch 32): 11.9k tokens/s;
 ALiBi (4 layers, d_model 128, 8 heads, d_ff 512, T=64, batch 128): 5.3k tokens/s.
-Each figure is the median step time over --steps steps after two warm-up steps, random tokens
-from an 80-character vocabulary.
+Each configuration runs twice, in float32 and with the forward pass under bf16 autocast (what
+the trainer's --precision auto picks on CPUs with bf16 dot-product instructions). Each figure is
+the median step time over --steps steps after two warm-up steps, random tokens from an
+80-character vocabulary.
 """
 
 import argparse
@@ -17,7 +19,7 @@ import time
 import torch
 
 from aftalibi.model import LanguageModel, ModelConfig
-from aftalibi.train import TrainConfig, make_optimizer
+from aftalibi.train import TrainConfig, cpu_has_bf16_matmul, make_optimizer
 
 CONFIGURATIONS = {
     "aft-local": (dict(mixer="aft-local", n_layers=6, d_model=128, d_ff=256, window=32, max_len=256), 256, 32, 11_900),
@@ -25,7 +27,7 @@ CONFIGURATIONS = {
 }
 
 
-def tokens_per_second(model_options: dict, seq_len: int, batch_size: int, steps: int) -> float:
+def tokens_per_second(model_options: dict, seq_len: int, batch_size: int, steps: int, bf16: bool) -> float:
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(vocab_size=80, **model_options))
     optimizer = make_optimizer(model, TrainConfig(optimizer="adamw"))
@@ -33,7 +35,8 @@ def tokens_per_second(model_options: dict, seq_len: int, batch_size: int, steps:
     times = []
     for step in range(steps + 2):
         start = time.perf_counter()
-        _, loss = model(inputs, targets)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            _, loss = model(inputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -49,10 +52,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"{'configuration':>14} {'ours':>12} {'seed':>12} {'ours/seed':>10}")
+    native = cpu_has_bf16_matmul()
+    print(f"bf16 dot-product instructions on this CPU: {'yes' if native else 'no (bf16 is emulated, slowly)'}; "
+          f"the trainer's --precision auto uses {'bf16 autocast' if native else 'float32'} here")
+    print(f"{'configuration':>14} {'float32':>12} {'bf16 autocast':>14} {'seed':>12} {'float32/seed':>13} {'bf16/seed':>10}")
     for name, (options, seq_len, batch_size, seed) in CONFIGURATIONS.items():
-        ours = tokens_per_second(options, seq_len, batch_size, args.steps)
-        print(f"{name:>14} {ours:>10,.0f}/s {seed:>10,d}/s {ours / seed:>9.2f}x")
+        full, mixed = (tokens_per_second(options, seq_len, batch_size, args.steps, bf16) for bf16 in (False, True))
+        print(f"{name:>14} {full:>10,.0f}/s {mixed:>12,.0f}/s {seed:>10,d}/s {full / seed:>12.2f}x {mixed / seed:>9.2f}x")
 
 
 if __name__ == "__main__":

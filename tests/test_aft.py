@@ -356,3 +356,26 @@ def test_local_layer_equals_its_projections_through_the_reference():
 def test_local_of_an_empty_sequence_is_empty():
     assert aft_local(*torch.randn(3, 1, 0, 2), torch.zeros(0, 0), 3).shape == (1, 0, 2)
     assert AFTLocal(4, 8, 3)(torch.randn(2, 0, 4)).shape == (2, 0, 4)
+
+
+@pytest.mark.parametrize("op", ["local", "full", "conv", "simple"])
+def test_autocast_leaves_the_mixing_in_float32(op):
+    """Inside a bf16 autocast region the ops turn autocast off for their own matmuls (forward and the
+    hand-written backward): float32 inputs give exactly the float32 outputs and gradients."""
+    generator = torch.Generator().manual_seed(11)
+    length, d, heads = 150, 8, 2
+    q, v = (torch.randn(2, length, d, generator=generator, requires_grad=True) for _ in range(2))
+    k = torch.randn(2, length, heads if op == "conv" else d, generator=generator, requires_grad=True)
+    w = torch.randn(length, length, generator=generator, requires_grad=True)
+    kernel = torch.randn(heads, 5, generator=generator, requires_grad=True)
+    run = {"local": lambda: aft_local(q, k, v, w, 32, causal=True), "full": lambda: aft_full(q, k, v, w, causal=True),
+           "conv": lambda: aft_conv(q, k, v, kernel, causal=True), "simple": lambda: aft_simple(q, k, v, causal=True)}[op]
+    inputs = (q, k, v, w, kernel)
+    expected = run()
+    expected_grads = torch.autograd.grad(expected.square().sum(), inputs, allow_unused=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = run()
+    grads = torch.autograd.grad(mixed.square().sum(), inputs, allow_unused=True)
+    assert mixed.dtype == torch.float32 and torch.equal(mixed, expected)
+    for grad, expected_grad in zip(grads, expected_grads):
+        assert (grad is None and expected_grad is None) or torch.equal(grad, expected_grad)

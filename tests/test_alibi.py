@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from aftalibi.alibi import (AlibiMultiHeadAttention, alibi_attention, alibi_attention_reference, alibi_bias,
                             get_slopes, token_positions)
-from aftalibi.attention import KVCache
+from aftalibi.attention import KVCache, MultiHeadAttention
 
 float64 = torch.float64
 
@@ -350,3 +350,20 @@ def test_float16_takes_the_float_bias_path_within_tolerance():
     expected = alibi_attention_reference(q, k, v, slopes)
     got = alibi_attention(q.half(), k.half(), v.half(), slopes)
     assert got.dtype == torch.float16 and torch.allclose(got.double(), expected, atol=1e-2)
+
+
+@pytest.mark.parametrize("make", [lambda: AlibiMultiHeadAttention(32, 4), lambda: MultiHeadAttention(32, 4, rotary=True)])
+def test_cpu_autocast_projects_in_bf16_and_attends_in_float32(make, monkeypatch):
+    """Under CPU bf16 autocast the layer's heads reach the attention kernel in float32 (its CPU kernels
+    are slow in bf16); the output stays within bf16 rounding of the float32 layer's."""
+    torch.manual_seed(0)
+    layer, x = make(), torch.randn(3, 40, 32)
+    seen = []
+    attend = type(layer)._attend
+    monkeypatch.setattr(type(layer), "_attend", lambda self, q, k, v, mask: seen.append(q.dtype) or attend(self, q, k, v, mask))
+    expected = layer(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        mixed = layer(x)
+    assert seen == [torch.float32, torch.float32]
+    assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
+    torch.testing.assert_close(mixed.float(), expected, atol=0.05, rtol=0.05)

@@ -29,10 +29,12 @@ def corpus_file(tmp_path) -> str:
 
 
 def tiny_run(corpus_file, out_dir, **overrides) -> TrainConfig:
-    # AdamW: Muon orthogonalises in bfloat16, which turns the last-bit differences between an all-reduced
-    # and a single-process gradient into differences of 1e-5 that the 1e-5 comparison would not allow.
+    # AdamW in float32: Muon's Newton-Schulz and bf16 autocast both round to bfloat16, which turns the
+    # last-bit differences between an all-reduced and a single-process gradient into differences of
+    # 1e-5 that the 1e-5 comparison would not allow.
     return TrainConfig(**{"corpus": corpus_file, "seq_len": 16, "batch_size": 4, "max_steps": 6, "eval_every": 3,
-                          "eval_windows": 7, "warmup_steps": 2, "optimizer": "adamw", "device": "cpu", "out_dir": str(out_dir), **overrides})
+                          "eval_windows": 7, "warmup_steps": 2, "optimizer": "adamw", "precision": "float32", "device": "cpu",
+                          "out_dir": str(out_dir), **overrides})
 
 
 def free_port() -> int:

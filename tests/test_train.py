@@ -11,9 +11,9 @@ import aftalibi.train as training
 from aftalibi.data import load_corpus
 from aftalibi.__main__ import main
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
-from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, learning_rate_at, learning_rate_factor,
-                            load_checkpoint, make_optimizer, model_from_checkpoint, muon_parameters, save_checkpoint,
-                            select_device, train)
+from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, autocast_dtype, cpu_has_bf16_matmul,
+                            learning_rate_at, learning_rate_factor, load_checkpoint, make_optimizer, model_from_checkpoint,
+                            muon_parameters, save_checkpoint, select_device, train)
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
@@ -63,10 +63,44 @@ def test_last_evaluation_scores_every_validation_window_at_eval_seq_len(corpus_f
     assert result["validation_loss"] != pytest.approx(training.evaluate(model, validation, 32, max_windows=2), rel=1e-6)
 
 
-@pytest.mark.parametrize("optimizer", ["adamw", pytest.param("muon", marks=needs_muon)])
-def test_resumed_run_reaches_the_same_losses(corpus_file, tmp_path, optimizer):
-    straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight", optimizer=optimizer), quiet=True)
-    config = tiny_run(corpus_file, tmp_path / "resumed", optimizer=optimizer)
+def test_precision_picks_bf16_autocast_where_the_hardware_has_it(monkeypatch):
+    cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
+    assert autocast_dtype("auto", cuda) == torch.bfloat16 and autocast_dtype("auto", mps) is None
+    for native in (True, False):
+        monkeypatch.setattr(training, "cpu_has_bf16_matmul", lambda: native)
+        assert autocast_dtype("auto", cpu) == (torch.bfloat16 if native else None)
+        assert autocast_dtype("float32", cpu) is None and autocast_dtype("float32", cuda) is None
+        assert autocast_dtype("bfloat16", cpu) == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; choose one of auto, float32, bfloat16"):
+        TrainConfig(precision="fp8")
+
+
+def test_a_torch_that_cannot_report_cpu_features_trains_in_float32(monkeypatch):
+    monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
+    assert cpu_has_bf16_matmul() is False
+    assert autocast_dtype("auto", torch.device("cpu")) is None
+
+
+@pytest.mark.parametrize("mixer", ["alibi", "mha", "aft-local", "aft-full", "aft-simple", "aft-conv"])
+def test_bf16_autocast_trains_like_float32(corpus_file, tmp_path, mixer):
+    """Mixed precision changes the rounding of the projections only: the same run in float32 and in
+    bf16 autocast ends within a few hundredths of a nat, and the checkpoint stays float32."""
+    model = {**TINY_MODEL, "mixer": mixer, "max_len": 16}
+    runs = {precision: train(model, tiny_run(corpus_file, tmp_path / precision, max_steps=30, eval_every=30, eval_seq_len=16,
+                                             precision=precision), quiet=True)
+            for precision in ("float32", "bfloat16")}
+    full, mixed = runs["float32"]["validation_loss"], runs["bfloat16"]["validation_loss"]
+    assert math.isfinite(mixed) and mixed == pytest.approx(full, abs=0.03)
+    weights = load_checkpoint(Path(runs["bfloat16"]["checkpoint"]))["model"].values()
+    assert all(tensor.dtype == torch.float32 for tensor in weights if tensor.is_floating_point())
+
+
+@pytest.mark.parametrize("optimizer,precision", [("adamw", "float32"), ("adamw", "bfloat16"),
+                                                 pytest.param("muon", "auto", marks=needs_muon)])
+def test_resumed_run_reaches_the_same_losses(corpus_file, tmp_path, optimizer, precision):
+    straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight", optimizer=optimizer, precision=precision),
+                     quiet=True)
+    config = tiny_run(corpus_file, tmp_path / "resumed", optimizer=optimizer, precision=precision)
     assert train(TINY_MODEL, config, session_steps=6, quiet=True)["step"] == 6  # stops between two evaluations
     resumed = train(TINY_MODEL, config, resume=True, quiet=True)
     assert resumed["step"] == 12
