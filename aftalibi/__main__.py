@@ -133,7 +133,7 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     if not Distributed.from_environment().is_main:
         return 0  # under torchrun, rank 0 reports and samples
     print(f"\nstep {result['step']}: validation loss {result['validation_loss']:.3f} nats/char, "
-          f"{result['tokens_per_second']:,.0f} tokens/s, {minutes:.1f} min; checkpoint: {result['checkpoint']}")
+          f"{result['tokens_per_second']:,.0f} tokens/s ({result['precision']}), {minutes:.1f} min; checkpoint: {result['checkpoint']}")
     if args.sample:
         model, tokenizer = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
         prompt = tokenizer.encode("\n")[None]

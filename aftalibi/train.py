@@ -18,8 +18,8 @@ from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'cpu_has_bf16_matmul',
-           'autocast_dtype', 'learning_rate_factor', 'learning_rate_at', 'Optimizers', 'muon_parameters',
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor',
+           'learning_rate_at', 'cpu_has_bf16_matmul', 'autocast_dtype', 'Optimizers', 'muon_parameters',
            'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
            'model_from_checkpoint', 'Distributed', 'process_group', 'mean_over_ranks', 'train']
 
@@ -29,7 +29,7 @@ PRECISIONS = ("auto", "float32", "bfloat16")
 
 # The model of the CPU demo: what `python -m aftalibi train` builds when no model option is given
 # (and `train` when it gets no model_config); every other field keeps ModelConfig's default.
-DEMO_MODEL = {"mixer": "alibi", "d_ff": 256}
+DEMO_MODEL = {"mixer": "alibi", "n_layers": 6, "d_ff": 256}
 
 
 @dataclass
@@ -82,6 +82,21 @@ def select_device(name: str = "auto") -> torch.device:
     return torch.device("cpu")
 
 
+def learning_rate_factor(step: int, config: TrainConfig) -> float:
+    """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate at `max_steps`."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    floor = config.min_learning_rate / config.learning_rate if config.learning_rate else 0.0
+    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
+    return floor + (1 - floor) * cosine
+
+
+def learning_rate_at(step: int, config: TrainConfig) -> float:
+    """AdamW's learning rate at `step`: the peak `learning_rate` times the schedule's factor."""
+    return config.learning_rate * learning_rate_factor(step, config)
+
+# %% ../notebooks/06_train.ipynb #c2a84e07
 def cpu_has_bf16_matmul() -> bool:
     """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16, used through oneDNN).
 
@@ -102,20 +117,6 @@ def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
         return torch.bfloat16 if native else None
     return torch.bfloat16 if precision == "bfloat16" else None
 
-
-def learning_rate_factor(step: int, config: TrainConfig) -> float:
-    """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate at `max_steps`."""
-    if step < config.warmup_steps:
-        return (step + 1) / config.warmup_steps
-    floor = config.min_learning_rate / config.learning_rate if config.learning_rate else 0.0
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
-    cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
-    return floor + (1 - floor) * cosine
-
-
-def learning_rate_at(step: int, config: TrainConfig) -> float:
-    """AdamW's learning rate at `step`: the peak `learning_rate` times the schedule's factor."""
-    return config.learning_rate * learning_rate_factor(step, config)
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
 class Optimizers:
@@ -293,7 +294,8 @@ def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
 # %% ../notebooks/06_train.ipynb #59069514
 def train(model_config: dict | None = None, config: TrainConfig | None = None, *, resume: bool = False,
           session_steps: int | None = None, quiet: bool = False) -> dict:
-    """Train a model; returns {"step", "train_loss", "validation_loss", "tokens_per_second", "checkpoint", "history"}.
+    """Train a model; returns {"step", "train_loss", "validation_loss", "tokens_per_second", "precision", "checkpoint",
+    "history"}, precision being what the forward pass ran in ("bfloat16" autocast or "float32").
 
     tokens_per_second is the mean over this call's optimizer steps (evaluations excluded), for
     the whole job under torchrun.
@@ -411,4 +413,5 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                 print(f"\ninterrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
     return {"step": step, "train_loss": train_loss,
             "validation_loss": history[-1]["validation_loss"] if history else float("nan"),
-            "tokens_per_second": trained_tokens / max(training_seconds, 1e-9), "checkpoint": str(checkpoint_path), "history": history}
+            "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
+            "precision": "bfloat16" if mixed is not None else "float32", "checkpoint": str(checkpoint_path), "history": history}

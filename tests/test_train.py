@@ -89,6 +89,7 @@ def test_bf16_autocast_trains_like_float32(corpus_file, tmp_path, mixer):
     runs = {precision: train(model, tiny_run(corpus_file, tmp_path / precision, max_steps=30, eval_every=30, eval_seq_len=16,
                                              precision=precision), quiet=True)
             for precision in ("float32", "bfloat16")}
+    assert [run["precision"] for run in runs.values()] == ["float32", "bfloat16"]
     full, mixed = runs["float32"]["validation_loss"], runs["bfloat16"]["validation_loss"]
     assert math.isfinite(mixed) and mixed == pytest.approx(full, abs=0.03)
     weights = load_checkpoint(Path(runs["bfloat16"]["checkpoint"]))["model"].values()
