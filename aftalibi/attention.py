@@ -241,9 +241,12 @@ class MultiHeadAttention(nn.Module):
             k, v = kv_cache.append(k, v)
         if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
             # Under CPU bf16 autocast the projections gain most, but PyTorch's CPU attention kernels run
-            # several times slower in bf16 than in float32: mix the heads in float32.
-            q, k, v = q.float(), k.float(), v.float()
-        y = self._attend(q, k, v, attention_mask)  # [B, H, T, d_head]
+            # several times slower in bf16 than in float32: mix the heads in float32, with autocast
+            # off (it would cast the inputs of scaled_dot_product_attention back to bf16).
+            with torch.autocast("cpu", enabled=False):
+                y = self._attend(q.float(), k.float(), v.float(), attention_mask)  # [B, H, T, d_head]
+        else:
+            y = self._attend(q, k, v, attention_mask)
         return self.out(y.transpose(1, 2).reshape(batch, length, self.d_model))
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask: Tensor | None) -> Tensor:

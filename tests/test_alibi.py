@@ -360,10 +360,16 @@ def test_cpu_autocast_projects_in_bf16_and_attends_in_float32(make, monkeypatch)
     layer, x = make(), torch.randn(3, 40, 32)
     seen = []
     attend = type(layer)._attend
-    monkeypatch.setattr(type(layer), "_attend", lambda self, q, k, v, mask: seen.append(q.dtype) or attend(self, q, k, v, mask))
+
+    def recording_attend(self, q, k, v, mask):
+        out = attend(self, q, k, v, mask)
+        seen.append((q.dtype, out.dtype))  # float32 out: autocast did not cast the kernel's inputs back to bf16
+        return out
+
+    monkeypatch.setattr(type(layer), "_attend", recording_attend)
     expected = layer(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         mixed = layer(x)
-    assert seen == [torch.float32, torch.float32]
+    assert seen == [(torch.float32, torch.float32)] * 2
     assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
     torch.testing.assert_close(mixed.float(), expected, atol=0.05, rtol=0.05)
