@@ -304,8 +304,12 @@ def _block_shifts(keys: Tensor, block: int, causal: bool, acc: torch.dtype) -> t
 
 
 # Work buffers hold a chunk of batch elements of about this size each: big enough that short
-# sequences run many elements per matmul, small enough to stay out of fresh page-faulting memory.
-_CHUNK_BYTES = 8 * 2**20
+# sequences run many elements per matmul, small enough to stay in the caches.
+_CHUNK_BYTES = 2 * 2**20
+# Up to this many bytes of work buffers for the whole batch, the forward pass keeps them for the
+# backward pass, which then skips recomputing num and den (a third of its time); above it, memory
+# matters more and the backward pass recomputes them chunk by chunk.
+_KEEP_BYTES = 32 * 2**20
 
 
 class _LocalBuffers:
@@ -326,6 +330,11 @@ class _LocalBuffers:
 
 def _chunk_size(batch: int, length: int, d: int, dtype: torch.dtype) -> int:
     return max(1, min(batch, _CHUNK_BYTES // (length * 2 * d * torch.finfo(dtype).bits // 8)))
+
+
+def _keeps_buffers(batch: int, blocks: _LocalBlocks, d: int, dtype: torch.dtype) -> bool:
+    """Whether the whole batch's `terms` and `sums` (`[n, L, B, 2d]` each) fit in `_KEEP_BYTES`."""
+    return 2 * blocks.n_blocks * blocks.block * batch * 2 * d * torch.finfo(dtype).bits // 8 <= _KEEP_BYTES
 
 
 def _as_matrix(x: Tensor) -> Tensor:
@@ -395,8 +404,9 @@ def _block_rescale(shift: Tensor, causal: bool) -> Tensor | None:
 class _AFTLocalFunction(torch.autograd.Function):
     """AFT-local on the projections `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`.
 
-    Saves only its inputs: the backward pass recomputes num and den a chunk of batch elements at
-    a time and applies the transposed block matrices (derived above), so the work space is O(T d).
+    Saves its inputs, and the forward pass's work buffers when they are small (`_KEEP_BYTES`);
+    otherwise the backward pass recomputes num and den a chunk of batch elements at a time, so
+    the work space is O(T d). Then it applies the transposed block matrices (derived above).
     """
 
     @staticmethod
@@ -406,19 +416,24 @@ class _AFTLocalFunction(torch.autograd.Function):
         acc = shift.dtype
         blocks = _local_blocks(band.to(acc), window, block, length, causal)
         chunk = _chunk_size(batch, length, d, acc)
+        keep = _keeps_buffers(batch, blocks, d, acc)
         buffers = _LocalBuffers(blocks, chunk, d, acc, q.device, backward=False)
         out = torch.empty(batch, length, d, dtype=qkv.dtype, device=qkv.device)
+        kept = []
         for first in range(0, batch, chunk):
             part = slice(first, first + chunk)
-            if batch - first < chunk:  # a shorter last chunk gets buffers of its own size
-                buffers = _LocalBuffers(blocks, batch - first, d, acc, q.device, backward=False)
+            if batch - first < chunk or (keep and first > 0):  # a shorter last chunk, or one to keep: own buffers
+                buffers = _LocalBuffers(blocks, min(chunk, batch - first), d, acc, q.device, backward=False)
             _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
             num, den = _numerator_denominator(buffers, length)  # [T, c, d]
             ratio = torch.div(num, den)
             ratio.masked_fill_(den <= 0, 0.0)  # a query whose keys are all padding: output 0, not 0/0
             out[part] = ratio.transpose(0, 1).mul_(torch.sigmoid(q[part].to(acc)))
+            if keep:
+                kept.append(buffers)
         ctx.save_for_backward(qkv, band, shift, padding)
-        ctx.window, ctx.block, ctx.causal = window, block, causal
+        ctx.window, ctx.block, ctx.causal, ctx.blocks = window, block, causal, blocks
+        ctx.kept = kept if keep else None
         return out
 
     @staticmethod
@@ -428,11 +443,12 @@ class _AFTLocalFunction(torch.autograd.Function):
         window, block, causal = ctx.window, ctx.block, ctx.causal
         batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = qkv.split(d, dim=-1)
-        acc = shift.dtype
-        blocks = _local_blocks(band.to(acc), window, block, length, causal)
+        acc, blocks = shift.dtype, ctx.blocks
         n, near = blocks.n_blocks, window - 1
         chunk = _chunk_size(batch, length, d, acc)
-        buffers = _LocalBuffers(blocks, chunk, d, acc, q.device, backward=True)
+        # The kept buffers serve one backward pass (it overwrites them); another (retain_graph) recomputes.
+        kept, ctx.kept = ctx.kept, None
+        buffers = None if kept else _LocalBuffers(blocks, chunk, d, acc, q.device, backward=True)
         grad_qkv = torch.empty_like(qkv)  # one tensor: the projections' backward is one matmul
         grad_q, grad_k, grad_v = grad_qkv.split(d, dim=-1)
         want_band = ctx.needs_input_grad[1]
@@ -440,14 +456,18 @@ class _AFTLocalFunction(torch.autograd.Function):
             grad_own = torch.zeros(n, block, block, dtype=acc, device=q.device)
             grad_previous = torch.zeros(n, near, near, dtype=acc, device=q.device)
             grad_next = torch.zeros(n, near, near, dtype=acc, device=q.device)
-        for first in range(0, batch, chunk):
+        for index, first in enumerate(range(0, batch, chunk)):
             part = slice(first, first + chunk)
             size = k[part].shape[0]
-            if size < chunk:  # a shorter last chunk gets buffers of its own size
-                buffers = _LocalBuffers(blocks, size, d, acc, q.device, backward=True)
+            if kept:  # num and den as the forward pass left them
+                buffers = kept[index]
+                buffers.grads = torch.empty_like(buffers.terms)
+            else:
+                if size < chunk:  # a shorter last chunk gets buffers of its own size
+                    buffers = _LocalBuffers(blocks, size, d, acc, q.device, backward=True)
+                _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
             terms, grads = buffers.terms, buffers.grads
             flat_grads = grads.reshape(n * block, size, 2 * d)
-            _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
             num, den = _numerator_denominator(buffers, length)  # [T, c, d]
             gate = torch.sigmoid(q[part].to(acc)).transpose(0, 1)  # sigma(Q)
             inverse = den.masked_fill_(den <= 0, math.inf).reciprocal_()  # 1 / den, 0 without keys

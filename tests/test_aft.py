@@ -379,3 +379,26 @@ def test_autocast_leaves_the_mixing_in_float32(op):
     assert mixed.dtype == torch.float32 and torch.equal(mixed, expected)
     for grad, expected_grad in zip(grads, expected_grads):
         assert (grad is None and expected_grad is None) or torch.equal(grad, expected_grad)
+
+
+def test_kept_buffers_give_the_recomputed_gradients(monkeypatch):
+    """Short sequences keep the forward pass's sums for the backward pass (`_KEEP_BYTES`): the same
+    gradients as recomputing them, and a second backward pass (retain_graph) recomputes."""
+    import aftalibi.aft as aft_module
+
+    generator = torch.Generator().manual_seed(12)
+    q, k, v = (torch.randn(5, 150, 8, generator=generator, requires_grad=True) for _ in range(3))
+    w = torch.randn(150, 150, generator=generator, requires_grad=True)
+    mask = torch.rand(5, 150, generator=generator) < 0.2
+    monkeypatch.setattr(aft_module, "_CHUNK_BYTES", 150 * 16 * 4 * 2)  # two elements per chunk: 3 chunks
+
+    def gradients(keep_bytes, twice=False):
+        monkeypatch.setattr(aft_module, "_KEEP_BYTES", keep_bytes)
+        out = aft_local(q, k, v, w, 16, causal=True, key_padding_mask=mask)
+        first = torch.autograd.grad(out.square().sum(), (q, k, v, w), retain_graph=twice)
+        return (first, torch.autograd.grad(out.square().sum(), (q, k, v, w))) if twice else first
+
+    recomputed = gradients(0)
+    kept, again = gradients(2**30, twice=True)
+    for a, b, c in zip(recomputed, kept, again):
+        assert torch.equal(a, b) and torch.equal(a, c)
