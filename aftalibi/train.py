@@ -411,6 +411,11 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
             checkpoint()
             if distributed.is_main:
                 print(f"\ninterrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
+        finally:
+            # Drop DDP while the process group is still registered. Otherwise DDP's reducer holds the
+            # group's last reference, and destroying gloo's group with the GIL held can deadlock with
+            # gloo's worker thread (pytorch/pytorch#56297): one rank in about 30 hung at exit.
+            del forward, replicated
     return {"step": step, "train_loss": train_loss,
             "validation_loss": history[-1]["validation_loss"] if history else float("nan"),
             "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
