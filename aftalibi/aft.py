@@ -416,7 +416,7 @@ class _AFTLocalFunction(torch.autograd.Function):
         acc = shift.dtype
         blocks = _local_blocks(band.to(acc), window, block, length, causal)
         chunk = _chunk_size(batch, length, d, acc)
-        keep = _keeps_buffers(batch, blocks, d, acc)
+        keep = any(ctx.needs_input_grad) and _keeps_buffers(batch, blocks, d, acc)  # no backward, nothing to keep
         buffers = _LocalBuffers(blocks, chunk, d, acc, q.device, backward=False)
         out = torch.empty(batch, length, d, dtype=qkv.dtype, device=qkv.device)
         kept = []
