@@ -19,7 +19,7 @@ from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor',
-           'learning_rate_at', 'cpu_has_bf16_matmul', 'autocast_dtype', 'Optimizers', 'muon_parameters',
+           'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers', 'muon_parameters',
            'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
            'model_from_checkpoint', 'Distributed', 'process_group', 'mean_over_ranks', 'train']
 
@@ -110,12 +110,12 @@ def cpu_has_bf16_matmul() -> bool:
     return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
 
 
-def autocast_dtype(precision: str, device: torch.device) -> torch.dtype | None:
-    """The dtype the training forward pass autocasts to for `precision` on `device`; None: plain float32."""
+def training_precision(precision: str, device: torch.device) -> str:
+    """What `precision` means on `device`: "bfloat16" (autocast of the forward pass) or "float32"."""
     if precision == "auto":
         native = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_matmul())
-        return torch.bfloat16 if native else None
-    return torch.bfloat16 if precision == "bfloat16" else None
+        return "bfloat16" if native else "float32"
+    return precision
 
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
@@ -352,8 +352,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         batches.set_state(state["batch_generator"])
         step, history = state["step"], state["history"]
     train_tokens, validation_tokens = corpus.tokens("train"), corpus.tokens("validation")
-    mixed = autocast_dtype(config.precision, device)
-    autocast = torch.autocast(device.type, dtype=mixed or torch.bfloat16, enabled=mixed is not None)
+    precision = training_precision(config.precision, device)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
     shard = slice(distributed.rank, None, distributed.world_size)  # this rank's rows of each batch
 
     def checkpoint() -> None:
@@ -419,4 +419,4 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     return {"step": step, "train_loss": train_loss,
             "validation_loss": history[-1]["validation_loss"] if history else float("nan"),
             "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
-            "precision": "bfloat16" if mixed is not None else "float32", "checkpoint": str(checkpoint_path), "history": history}
+            "precision": precision, "checkpoint": str(checkpoint_path), "history": history}

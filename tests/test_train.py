@@ -11,9 +11,9 @@ import aftalibi.train as training
 from aftalibi.data import load_corpus
 from aftalibi.__main__ import main
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
-from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, autocast_dtype, cpu_has_bf16_matmul,
+from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, cpu_has_bf16_matmul,
                             learning_rate_at, learning_rate_factor, load_checkpoint, make_optimizer, model_from_checkpoint,
-                            muon_parameters, save_checkpoint, select_device, train)
+                            muon_parameters, save_checkpoint, select_device, train, training_precision)
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
@@ -65,12 +65,12 @@ def test_last_evaluation_scores_every_validation_window_at_eval_seq_len(corpus_f
 
 def test_precision_picks_bf16_autocast_where_the_hardware_has_it(monkeypatch):
     cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
-    assert autocast_dtype("auto", cuda) == torch.bfloat16 and autocast_dtype("auto", mps) is None
+    assert training_precision("auto", cuda) == "bfloat16" and training_precision("auto", mps) == "float32"
     for native in (True, False):
         monkeypatch.setattr(training, "cpu_has_bf16_matmul", lambda: native)
-        assert autocast_dtype("auto", cpu) == (torch.bfloat16 if native else None)
-        assert autocast_dtype("float32", cpu) is None and autocast_dtype("float32", cuda) is None
-        assert autocast_dtype("bfloat16", cpu) == torch.bfloat16
+        assert training_precision("auto", cpu) == ("bfloat16" if native else "float32")
+        assert training_precision("float32", cpu) == "float32" and training_precision("float32", cuda) == "float32"
+        assert training_precision("bfloat16", cpu) == "bfloat16"
     with pytest.raises(ValueError, match="unknown precision 'fp8'; choose one of auto, float32, bfloat16"):
         TrainConfig(precision="fp8")
 
@@ -78,7 +78,7 @@ def test_precision_picks_bf16_autocast_where_the_hardware_has_it(monkeypatch):
 def test_a_torch_that_cannot_report_cpu_features_trains_in_float32(monkeypatch):
     monkeypatch.delattr(torch.cpu, "get_capabilities", raising=False)
     assert cpu_has_bf16_matmul() is False
-    assert autocast_dtype("auto", torch.device("cpu")) is None
+    assert training_precision("auto", torch.device("cpu")) == "float32"
 
 
 @pytest.mark.parametrize("mixer", ["alibi", "mha", "aft-local", "aft-full", "aft-simple", "aft-conv"])
