@@ -39,10 +39,11 @@ def _expected_str(shape: tuple) -> str:
 
 # %% ../notebooks/01_attention.ipynb #08c8cd89
 def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
-    """Boolean `[q_len, k_len]` mask, True where query i may attend to key j.
+    r"""Boolean `[q_len, k_len]` mask, True where query :math:`i` may attend to key :math:`j`.
 
-    The queries are the last `q_len` of the `k_len` positions, so a single decoding query
-    (q_len = 1) sees every cached key.
+    The queries are the last `q_len` of the `k_len` positions, so query :math:`i` sits at position
+    :math:`T_k - T_q + i` and sees the keys :math:`j \le T_k - T_q + i`; a single decoding query
+    (`q_len` = 1) sees every cached key.
     """
     k_len = q_len if k_len is None else k_len
     if not 0 < q_len <= k_len:
@@ -53,9 +54,10 @@ def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
 
 # %% ../notebooks/01_attention.ipynb #1bb0b347
 def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-    """softmax(q k^T / sqrt(d) + M) as an explicit `[..., T_q, T_k]` tensor.
+    r""":math:`\mathrm{softmax}(q k^\top / \sqrt{d} + M)` as an explicit `[..., T_q, T_k]` tensor.
 
-    `mask` is boolean, broadcastable to `[..., T_q, T_k]`, True where attention is allowed.
+    `mask` is boolean, broadcastable to `[..., T_q, T_k]`, True where attention is allowed;
+    :math:`M_{ij}` is 0 there and :math:`-\infty` elsewhere (and above the diagonal when `causal`).
     Rows that allow no key get all-zero weights.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., T_q, T_k]
@@ -71,7 +73,8 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, causa
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
                         causal: bool = False) -> Tensor:
-    """The attention equation computed literally: `attention_weights(q, k) @ v`. The test oracle."""
+    r"""The attention equation computed literally, :math:`\mathrm{softmax}(q k^\top / \sqrt{d} + M)\, v`:
+    `attention_weights(q, k) @ v`. The test oracle."""
     return attention_weights(q, k, mask=mask, causal=causal) @ v
 
 # %% ../notebooks/01_attention.ipynb #bcca30ef
@@ -135,7 +138,9 @@ class KVCache:
 # %% ../notebooks/01_attention.ipynb #0925901e
 def sinusoidal_position_encoding(n_positions: int, d_model: int, *, offset: int = 0, base: float = 10000.0,
                                  device=None, dtype: torch.dtype = torch.float32) -> Tensor:
-    """`[n_positions, d_model]` sinusoidal encodings of positions offset .. offset + n_positions - 1."""
+    r"""`[n_positions, d_model]` sinusoidal encodings of positions `offset` .. `offset + n_positions - 1`:
+    :math:`\mathrm{PE}_{p, 2i} = \sin(p\, \omega_i)` and :math:`\mathrm{PE}_{p, 2i+1} = \cos(p\, \omega_i)`
+    with :math:`\omega_i = \mathrm{base}^{-2i/d}`."""
     if d_model < 2 or d_model % 2:
         raise ValueError(f"d_model must be even and >= 2 for sinusoidal encodings, got {d_model}")
     position = torch.arange(offset, offset + n_positions, dtype=torch.float64)[:, None]  # [T, 1]
@@ -146,9 +151,11 @@ def sinusoidal_position_encoding(n_positions: int, d_model: int, *, offset: int 
 
 
 class SinusoidalPositionEncoding(nn.Module):
-    """Adds `amplitude` times the sinusoidal encodings to `[B, T, d_model]` embeddings. No parameters, any length.
+    r"""Adds `amplitude` times the sinusoidal encodings to `[B, T, d_model]` embeddings, :math:`x_p + a\, \mathrm{PE}_p`.
+    No parameters, any length.
 
-    `amplitude` should match the embeddings' scale (their init standard deviation): see the text above.
+    `amplitude` should match the embeddings' scale at initialisation (their standard deviation), so
+    that positions are neither drowned nor drowning the tokens at the start of training (notebook 01).
     """
 
     def __init__(self, d_model: int, base: float = 10000.0, amplitude: float = 1.0):
@@ -186,7 +193,12 @@ class LearnedPositionEncoding(nn.Module):
 
 # %% ../notebooks/01_attention.ipynb #8cce5b75
 class RotaryPositionEncoding(nn.Module):
-    """Rotates `[B, H, T, d_head]` queries or keys by position-dependent angles (RoPE)."""
+    r"""Rotates `[B, H, T, d_head]` queries or keys by position-dependent angles (RoPE).
+
+    The pair :math:`(x_i, x_{i + d/2})` of the vector at position :math:`p` turns by the angle
+    :math:`p\, \theta_i`, :math:`\theta_i = \mathrm{base}^{-2i/d}`, so that
+    :math:`\langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle` depends on :math:`n - m` only.
+    """
 
     def __init__(self, d_head: int, base: float = 10000.0):
         super().__init__()
@@ -208,7 +220,9 @@ class RotaryPositionEncoding(nn.Module):
 
 # %% ../notebooks/01_attention.ipynb #71e5ce29
 class MultiHeadAttention(nn.Module):
-    """Causal (or bidirectional) multi-head softmax attention, batch-first `[B, T, d_model]`.
+    r"""Causal (or bidirectional) multi-head softmax attention, batch-first `[B, T, d_model]`:
+    :math:`\mathrm{MHA}(X) = [\mathrm{head}_1, \dots, \mathrm{head}_H]\, W_O` with
+    :math:`\mathrm{head}_h = \mathrm{Attention}(X W_Q^h, X W_K^h, X W_V^h)`.
 
     `forward(x, attention_mask=None, kv_cache=None)`: `attention_mask` is `[B, T_past + T]`,
     1/True for real tokens; `kv_cache` is a `KVCache` that the call extends with this block.
