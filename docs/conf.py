@@ -1,6 +1,7 @@
 """Sphinx configuration: the notebooks rendered with their stored outputs, the API reference from
-the package's docstrings, and annotated source pages. `make docs` builds it offline: MathJax is
-served from the build itself (see _ext/offline_assets.py) and no page requests an outside URL."""
+the package's docstrings (a page per module), and annotated source pages. `make docs` builds it
+offline: MathJax is served from the build itself (see _ext/offline_assets.py) and no page requests
+an outside URL."""
 
 import re
 import sys
@@ -19,6 +20,7 @@ extensions = [
     "offline_assets",
     "notebook_pages",
     "annotated_source",
+    "api_pages",
 ]
 # Every ../notebooks/*.ipynb is copied to notebooks/ at build time (see _ext/notebook_pages.py).
 # They are executed by the test suite; the docs show their committed outputs.
@@ -32,22 +34,21 @@ myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
 mathjax3_config = {"chtml": {"displayAlign": "center"}}
 exclude_patterns = ["_build", "**/.ipynb_checkpoints"]
 
+# One API page per public module of the package (see _ext/api_pages.py), written to api/.
+api_pages_package = "aftalibi"
+api_pages_dir = "api"
+
 # Two-column pages of these modules, written to annotated/<module>.md at build time.
-annotated_source_modules = ["aftalibi.aft", "aftalibi.alibi"]
+annotated_source_modules = ["aftalibi.attention", "aftalibi.aft", "aftalibi.alibi"]
 annotated_source_dir = "annotated"
 annotated_source_notebook_dir = notebook_pages_dir
 
-html_theme = "alabaster"
+# Furo: a page's contents on its right, a layout for phones, light and dark modes; it uses the
+# system's fonts and its own scripts and styles only, so the site stays offline.
+html_theme = "furo"
 html_title = "aftalibi"
-html_theme_options = {
-    "show_relbar_top": True,  # previous / next links above and below every page
-    "show_relbar_bottom": True,
-    "page_width": "1200px",
-    "sidebar_width": "230px",
-    "body_max_width": "none",
-}
-html_static_path = ["_static"]  # custom.css: alabaster loads it after its own style
-html_sidebars = {"**": ["about.html", "navigation.html", "relations.html", "searchbox.html"]}
+html_static_path = ["_static"]  # custom.css, loaded after the theme's style
+html_css_files = ["custom.css"]
 html_show_sourcelink = False
 
 autodoc_member_order = "bysource"

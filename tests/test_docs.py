@@ -2,13 +2,17 @@
 
 The site is built into a temporary folder exactly as `make docs` builds it (warnings are errors),
 then every page is opened in headless Chromium (Debian's `chromium`, driven by Selenium through
-Debian's `chromedriver`): math is typeset by the bundled MathJax with no TeX left raw, every
-image loads, no page logs an error or requests anything from the network, every internal link
-points to an existing page and anchor, and the site search finds a term. The browser tests are
+Debian's `chromedriver`): math is typeset by the bundled MathJax with no TeX left raw (docstring
+formulas included, on the API and annotated pages), every image loads, no page logs an error or
+requests anything from the network, every internal link points to an existing page and anchor,
+the annotated pages fit their code at desktop width and stack their columns on a narrow screen,
+and the site search finds a term. The browser tests are
 skipped only where Chromium is not installed; CI installs it (.ci/run).
 """
 
+import importlib
 import json
+import pkgutil
 import re
 import shutil
 import subprocess
@@ -22,7 +26,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-ANNOTATED_MODULES = ["aftalibi.aft", "aftalibi.alibi"]
+ANNOTATED_MODULES = ["aftalibi.attention", "aftalibi.aft", "aftalibi.alibi"]
+# Every public module of the package has an API page; a new module needs no change to the docs.
+PUBLIC_MODULES = [f"aftalibi.{m.name}" for m in pkgutil.iter_modules(importlib.import_module("aftalibi").__path__)
+                  if not m.name.startswith("_")]
 CHROMIUM = shutil.which("chromium")
 CHROMEDRIVER = shutil.which("chromedriver")
 needs_chromium = pytest.mark.skipif(
@@ -40,8 +47,9 @@ INSPECT_PAGE = """
 const done = arguments[0];
 const typeset = window.MathJax && MathJax.startup && MathJax.startup.promise;
 Promise.resolve(typeset).then(() => {
-  const math = [...document.querySelectorAll("div.body .math")];
-  const text = document.querySelector("div.body").cloneNode(true);
+  const main = document.querySelector("article[role=main]");
+  const math = [...main.querySelectorAll(".math")];
+  const text = main.cloneNode(true);
   text.querySelectorAll("pre, code, script, style, mjx-container, .highlight").forEach(e => e.remove());
   done({
     math: math.length,
@@ -50,6 +58,11 @@ Promise.resolve(typeset).then(() => {
     text: text.textContent,
     images: [...document.images].map(i => ({src: i.src, loaded: i.complete && i.naturalWidth > 0})),
     links: [...document.querySelectorAll("a[href]")].map(a => a.href),
+    // API entries and annotated sections (by their anchor) whose description shows typeset math.
+    definitionsWithMath: [...main.querySelectorAll("dl.py > dt[id], div.annotated-row[id]")]
+      .filter(e => (e.tagName === "DT" ? e.nextElementSibling : e.querySelector(".annotated-notes"))
+        .querySelector(".math mjx-container"))
+      .map(e => e.id),
   });
 });
 """
@@ -170,6 +183,21 @@ def test_annotated_source_lifts_headings_out_of_the_notes(annotated_source):
     assert fence == ":::::"
 
 
+def test_annotated_source_renders_docstring_math_as_myst(annotated_source):
+    """Docstrings write reST math for autodoc; the annotated notes are MyST."""
+    docstring = "Gate :math:`\\sigma(Q_t)`, see :py:func:`aft_full`, not a:math:`x`.\n\n.. math::\n\n   Y = X\n\nAfter."
+    assert annotated_source.rest_math_to_myst(docstring) == (
+        "Gate {math}`\\sigma(Q_t)`, see {py:func}`aft_full`, not a:math:`x`.\n\n```{math}\nY = X\n```\n\nAfter.")
+
+
+def test_annotated_code_lines_wrap_with_a_hanging_indent(annotated_source):
+    code = '<span class="k">def</span> f():\n<span class="w">    </span><span class="k">return</span> 1\n'
+    assert annotated_source.wrappable_lines(code) == (
+        '<span class="code-line" style="padding-left: 4ch; text-indent: -4ch"><span class="k">def</span> f():\n</span>'
+        '<span class="code-line" style="padding-left: 8ch; text-indent: -8ch"><span class="w">    </span>'
+        '<span class="k">return</span> 1\n</span>')
+
+
 def test_every_notebook_and_annotated_module_has_a_page(site):
     for notebook in NOTEBOOKS:
         assert (site / "notebooks" / f"{notebook.stem}.html").is_file(), f"no page for {notebook.name}"
@@ -187,13 +215,24 @@ def test_notebooks_are_in_reading_order_with_previous_and_next(site):
         assert anchors(site / "notebooks" / f"{after.stem}.html").relations["prev"] == f"{before.stem}.html"
 
 
+def test_api_reference_has_a_page_per_module_in_reading_order(site):
+    """One page per public module, listed by the API index in the order of their notebooks."""
+    assert "aftalibi.attention" in PUBLIC_MODULES and "aftalibi._compat" not in PUBLIC_MODULES
+    for module in PUBLIC_MODULES:
+        page = (site / "api" / f"{module}.html").read_text(encoding="utf-8")
+        assert f'id="module-{module}"' in page, f"the API page of {module} does not document it"
+    index = (site / "api" / "index.html").read_text(encoding="utf-8")
+    listed = list(dict.fromkeys(re.findall(r'href="(aftalibi\.[a-z_0-9]+)\.html"', index)))
+    assert sorted(listed) == sorted(PUBLIC_MODULES)
+    assert listed[:3] == ["aftalibi.attention", "aftalibi.aft", "aftalibi.alibi"]
+
+
 def test_api_reference_links_to_the_annotated_source(site):
     """An `[annotated]` link beside the API entries, to the definition's section."""
-    api = (site / "api.html").read_text(encoding="utf-8")
-    for href in ["annotated/aftalibi.aft.html#annotated-aftalibi-aft-aft-full",
-                 "annotated/aftalibi.aft.html#annotated-aftalibi-aft-aftfull-bias-matrix",
-                 "annotated/aftalibi.alibi.html#annotated-aftalibi-alibi-get-slopes"]:
-        assert f'href="{href}"' in api
+    for module, anchor in [("aft", "aft-full"), ("aft", "aftfull-bias-matrix"), ("alibi", "get-slopes"),
+                           ("attention", "attention-weights")]:
+        api = (site / "api" / f"aftalibi.{module}.html").read_text(encoding="utf-8")
+        assert f'href="../annotated/aftalibi.{module}.html#annotated-aftalibi-{module}-{anchor}"' in api
 
 
 @pytest.fixture(scope="module")
@@ -238,6 +277,48 @@ def test_math_is_typeset(visits):
         assert visits[page]["math"] > 5, f"{page} shows no math"
     raw = {page: RAW_TEX.findall(r["text"]) for page, r in visits.items() if RAW_TEX.search(r["text"])}
     assert not raw, f"TeX left untypeset: {raw}"
+
+
+@needs_chromium
+def test_docstring_formulas_are_typeset(visits):
+    """A docstring's :math: role is math on the API page (autodoc) and in the notes of the
+    annotated page (converted to MyST), not TeX in a code span."""
+    api = visits["api/aftalibi.attention.html"]["definitionsWithMath"]
+    assert "aftalibi.attention.attention_weights" in api, f"API entries with math: {api}"
+    annotated = visits["annotated/aftalibi.attention.html"]["definitionsWithMath"]
+    assert "annotated-aftalibi-attention-attention-weights" in annotated, f"annotated sections with math: {annotated}"
+
+
+# Run on an annotated page: where its columns sit and whether a code block needs a scroll bar.
+ANNOTATED_LAYOUT = """
+const rows = [...document.querySelectorAll("div.annotated-row")].filter(r => r.querySelector("pre"));
+return rows.map(row => {
+  const notes = row.querySelector(".annotated-notes").getBoundingClientRect();
+  const code = row.querySelector(".annotated-code").getBoundingClientRect();
+  const pre = row.querySelector(".annotated-code pre");
+  return {stacked: code.top >= notes.bottom - 1, side_by_side: code.left >= notes.right - 1,
+          code_width: code.width, overflow: pre.scrollWidth - pre.clientWidth};
+});
+"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1400, 900])
+def test_annotated_pages_fit_the_screen(site, browser, width):
+    """At 1400 px the columns sit side by side and no code needs horizontal scrolling; at 900 px
+    they are stacked, each as wide as the page."""
+    browser.set_window_size(width, 1000)
+    try:
+        for module in ANNOTATED_MODULES:
+            browser.get((site / "annotated" / f"{module}.html").as_uri())
+            rows = browser.execute_script(ANNOTATED_LAYOUT)
+            assert rows, f"{module}: no annotated rows with code"
+            scrolling = [row for row in rows if row["overflow"] > 0]
+            assert not scrolling, f"{module} at {width} px: {len(scrolling)} code blocks scroll sideways"
+            layout = "side_by_side" if width == 1400 else "stacked"
+            assert all(row[layout] for row in rows), f"{module} at {width} px: the columns are not {layout}"
+    finally:
+        browser.set_window_size(1400, 1000)
 
 
 @needs_chromium

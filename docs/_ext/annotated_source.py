@@ -10,17 +10,26 @@ page, `<annotated_source_dir>/<module>.md`, when the build starts. The module is
 
 The left column of a section holds the notebook's Markdown cells written directly above the
 exported cell (with their `$...$` math), then the comment block above the definition and its
-docstring (taken out of the code), read as Markdown. The right column is the code, which Sphinx
-highlights with Pygments. A heading in the notebook's notes becomes a heading of the page, so the
-sections appear in the page's contents and in the search.
+docstring (taken out of the code), read as Markdown. Docstrings write their formulas as reST math,
+:math:`...` roles and `.. math::` blocks, so that autodoc renders them on the API pages; here they
+become MyST's {math}`...` roles and ```{math} blocks (a comment may use either form, or $...$).
+The right column is the code, which Sphinx highlights with Pygments. A heading in the notebook's
+notes becomes a heading of the page, so the sections appear in the page's contents and in the
+search.
 
 Each definition's section is a link target; the API reference (autodoc) gets an `[annotated]`
 link beside viewcode's `[source]` for every definition that has one.
+
+Code lines are as long as the modules have them (up to about 120 characters), longer than a code
+column beside the notes holds on most screens. So each highlighted line of the code column becomes
+a block of its own that wraps, and its continuation is indented four characters past the line's
+own indentation (annotated_source.css), like a Python continuation line: no sideways scrolling.
 """
 
 from __future__ import annotations
 
 import ast
+import html
 import importlib.util
 import json
 import os
@@ -38,7 +47,17 @@ HEADING = re.compile(r"^(?P<hashes>#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 # A Markdown image or link whose target is a relative path: not ](http...), ](#...) or ](/...).
 RELATIVE_IMAGE = re.compile(r"(?P<alt>!\[[^\]]*\])\((?![a-zA-Z][a-zA-Z0-9+.-]*:|#|/)(?P<target>[^)\s]+)\)")
+# The highlighted code of an annotated row: Pygments' <pre>, one source line per text line
+# (Pygments closes and reopens its spans at each line end, so every line is balanced HTML).
+ANNOTATED_CODE = re.compile(r'(<div class="annotated-code[^"]*"[^>]*>\s*<div class="highlight-python[^"]*">'
+                            r'<div class="highlight"><pre>)(?P<code>.*?)(</pre>)', re.DOTALL)
+CONTINUATION_INDENT = 4  # characters
 RELATIVE_LINK = re.compile(r"\]\((?![a-zA-Z][a-zA-Z0-9+.-]*:|#|/)(?P<target>[^)\s]+)\)")
+# An interpreted-text role of reST, `:math:` or `:py:func:`, followed by its backquoted content.
+REST_ROLE = re.compile(r"(?<![\w`]):(?P<role>[a-z]+(?::[a-z]+)?):(?=`)")
+# A `.. math::` directive: its indented block is the formula.
+REST_MATH = re.compile(r"^(?P<indent>[ \t]*)\.\. math::[ \t]*(?P<first>.*)\n(?P<body>(?:(?:(?P=indent)[ \t]+.*)?\n)*)",
+                       re.MULTILINE)
 
 
 @dataclass
@@ -104,6 +123,15 @@ def first_line(node: ast.stmt) -> int:
     return min([node.lineno] + [d.lineno for d in decorators]) - 1
 
 
+def rest_math_to_myst(text: str) -> str:
+    """A docstring's or comment's reST roles and math blocks in MyST's syntax, the rest unchanged:
+    :math:`x^2` becomes {math}`x^2`, and a `.. math::` block a ```{math} fence."""
+    def math_block(match: re.Match) -> str:
+        body = "\n".join(line.strip() for line in [match["first"]] + match["body"].splitlines() if line.strip())
+        return f"{match['indent']}```{{math}}\n{body}\n```\n\n"
+    return REST_ROLE.sub(lambda m: "{" + m["role"] + "}", REST_MATH.sub(math_block, text))
+
+
 def trim_blank(lines: list[str]) -> list[str]:
     while lines and not lines[0].strip():
         lines = lines[1:]
@@ -138,13 +166,13 @@ def definition_sections(lines: list[str], statements: list[ast.stmt], module: st
         stop = starts[i + 1][0] if i + 1 < len(starts) else end
         code_start = first_line(opening)
         _, comment = comment_block_above(lines, code_start)
-        notes = ["\n".join(comment)] if comment else []
+        notes = [rest_math_to_myst("\n".join(comment))] if comment else []
         if not isinstance(opening, DEFINITIONS):
             sections.append(Section(notes=notes, code=trim_blank(lines[code_start:stop])))
             continue
         docstring, docstring_lines = docstring_of(opening)
         if docstring:
-            notes.append(docstring)
+            notes.append(rest_math_to_myst(docstring))
         label = prefix + opening.name
         members = []
         if isinstance(opening, ast.ClassDef) and not prefix:
@@ -337,12 +365,33 @@ def link_api_to_annotated(app: Sphinx, doctree: nodes.document, docname: str) ->
         signature += link
 
 
+def wrappable_lines(code_html: str) -> str:
+    """Each line of highlighted code as a `span.code-line` whose wrapped continuation starts
+    `CONTINUATION_INDENT` characters right of the line's own indentation."""
+    lines = code_html.split("\n")
+    if lines and not lines[-1]:
+        lines.pop()
+    out = []
+    for line in lines:
+        text = html.unescape(re.sub(r"<[^>]*>", "", line))
+        hang = len(text) - len(text.lstrip(" ")) + CONTINUATION_INDENT
+        out.append(f'<span class="code-line" style="padding-left: {hang}ch; text-indent: -{hang}ch">{line}\n</span>')
+    return "".join(out)
+
+
+def wrap_annotated_code(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
+    if not pagename.startswith(app.config.annotated_source_dir + "/") or "body" not in context:
+        return
+    context["body"] = ANNOTATED_CODE.sub(lambda m: m[1] + wrappable_lines(m["code"]) + m[3], context["body"])
+
+
 def setup(app: Sphinx) -> dict:
     app.add_config_value("annotated_source_modules", [], "env", types=[list])
     app.add_config_value("annotated_source_dir", "annotated", "env", types=[str])
     app.add_config_value("annotated_source_notebook_dir", "notebooks", "env", types=[str])
     app.connect("builder-inited", generate_pages)
     app.connect("doctree-resolved", link_api_to_annotated)
+    app.connect("html-page-context", wrap_annotated_code)
     static = Path(__file__).parent / "static"
     app.connect("config-inited", lambda app, config: config.html_static_path.append(str(static)))
     app.add_css_file("annotated_source.css")
