@@ -3,11 +3,10 @@
     flock /tmp/aftalibi-bench.lock .venv/bin/python benchmarks/alibi_attention.py [--lengths 1024 2048 4096]
     flock /tmp/aftalibi-bench.lock .venv/bin/python benchmarks/alibi_attention.py --flex --lengths 2048
 
-Three layers with the same projections (qkv Linear to 3 d, out Linear), SPEC.md's shapes
-(B=4, d=256, H=8, fp32):
+Three layers with the same projections (qkv Linear to 3 d, out Linear), B=4, d=256, H=8, fp32:
 - plain: `MultiHeadAttention` (no positions), i.e. `scaled_dot_product_attention(is_causal=True)`;
 - alibi: `AlibiMultiHeadAttention`, whose causal path keeps the `is_causal=True` kernel and carries
-  the bias as one per-key row m (j - c) shared by all queries (see `aftalibi.alibi`);
+  the bias as one per-key row m (j - c) shared by all queries (see `aftalibi.alibi_kernels`);
 - naive: explicit softmax with the `[B, H, T, T]` ALiBi bias (run up to --naive-max, it is slow).
 
 Time: for each T one child process builds the layers, warms each up once, then runs --repeats rounds
