@@ -5,7 +5,7 @@
 Compares the explicit-softmax reference (`attention_reference`, which builds the T x T
 weights), `scaled_dot_product_attention` with a boolean causal mask, and the fused
 `is_causal=True` path that `aftalibi.attention.attention` takes when there is no padding.
-Shapes follow SPEC.md's yardsticks: B=4, d=256, H=8. Each figure is the median of --repeats
+Shapes as in the other layer benchmarks: B=4, d=256, H=8. Each figure is the median of --repeats
 runs after one warm-up; ratios are relative to the fused causal path measured in the same run.
 """
 
