@@ -201,6 +201,9 @@ class ExtrapolationConfig:
             raise ValueError(f"sweep_variant must be aft-local or aft-conv, got {self.sweep_variant!r}")
         if not self.seeds or (self.sweep_windows and not self.sweep_seeds):
             raise ValueError("seeds (and sweep_seeds when there is a sweep) must name at least one seed")
+        if self.factor_dim >= self.train_len:
+            raise ValueError(f"factor_dim={self.factor_dim} must be below train_len={self.train_len}: at or above it, "
+                             "AFT-full's factors U, V have more parameters than a dense w")
         if self.sweep_windows and min(self.sweep_windows) < 1:
             raise ValueError(f"sweep_windows must be >= 1, got {self.sweep_windows}")
         for length in self.lengths:
@@ -551,7 +554,7 @@ def _per_seed_change(results: dict, variant: str, before: tuple[int, str], after
 
 def _changes(changes: list[float]) -> str:
     lower = sum(change < 0 for change in changes)
-    return (f"{sum(changes) / len(changes):+.3f} on average, per seed {', '.join(f'{c:+.3f}' for c in changes)}: "
+    return (f"{sum(changes) / len(changes):+.4f} on average, per seed {', '.join(f'{c:+.4f}' for c in changes)}: "
             f"lower in {lower} of {len(changes)} seed{'s' if len(changes) > 1 else ''}")
 
 

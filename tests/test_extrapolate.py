@@ -19,7 +19,7 @@ from aftalibi.train import evaluate
 
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
         "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 40
-TINY = {"train_len": 8, "factors": (1, 2, 4), "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "window": 4,
+TINY = {"train_len": 8, "factors": (1, 2, 4), "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "window": 4, "factor_dim": 4,
         "steps": 3, "batch_size": 2, "warmup_steps": 1, "eval_tokens": 64, "eval_segments": 2, "seeds": (0, 1),
         "sweep_windows": (2, 4), "sweep_seeds": (0,)}
 
@@ -134,6 +134,7 @@ def test_evaluate_lengths_records_a_reason_instead_of_a_loss():
     ({"eval_tokens": 96}, "multiple of eval_segments=2 times the longest evaluation length 32"),
     ({"seeds": (0, 0)}, "must not repeat"),
     ({"optimizer": "sgd"}, "unknown optimizer 'sgd'"),
+    ({"factor_dim": 8}, "factor_dim=8 must be below train_len=8"),
     ({"variants": ("alibi", "mamba")}, "unknown variant"),
     ({"train_len": 0}, "train_len must be >= 1"),
     ({"slide_divisor": 3}, "must divide every evaluation length"),
@@ -302,9 +303,9 @@ def test_results_file_errors_name_the_problem(tmp_path):
 def test_command_line_runs_end_to_end(corpus_file, tmp_path, capsys):
     out = tmp_path / "extrapolation.json"
     argv = ["extrapolate", "--corpus", corpus_file, "--train-len", "8", "--factors", "1", "2", "--d-model", "16",
-            "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--steps", "2", "--batch-size", "2",
-            "--warmup-steps", "1", "--eval-tokens", "32", "--eval-segments", "2", "--variants", "alibi", "mha-learned",
-            "--seeds", "0", "--sweep-windows", "--threads", "1", "--out", str(out)]
+            "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--factor-dim", "4", "--steps", "2",
+            "--batch-size", "2", "--warmup-steps", "1", "--eval-tokens", "32", "--eval-segments", "2",
+            "--variants", "alibi", "mha-learned", "--seeds", "0", "--sweep-windows", "--threads", "1", "--out", str(out)]
     assert main(argv) == 0
     results = load_results(out)
     assert results["runs"][0]["command"] == "python -m aftalibi " + " ".join(argv)
