@@ -169,7 +169,8 @@ def add_extrapolate_parser(commands) -> None:
         "extrapolate", help="train every variant at one length and evaluate it at longer ones (train short, test long)",
         description="Train every variant with the same budget at --train-len L, then score the validation plays at "
                     "each multiple of L in --factors, on non-overlapping windows and with a sliding window, and "
-                    "sweep the AFT window size; writes the results as JSON to --out.",
+                    "sweep the AFT window size; writes the results as JSON to --out after every model, and continues that "
+                    "file when run again with the same options.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     add_dataclass_options(parser, ExtrapolationConfig, skip=tuple(EXTRAPOLATE_LISTS))
     defaults = {field.name: field for field in dataclasses.fields(ExtrapolationConfig)}
@@ -189,7 +190,7 @@ def extrapolate_command(args, argv: list[str]) -> int:
 
     import torch
 
-    from aftalibi.extrapolate import ExtrapolationConfig, run_experiment, save_results
+    from aftalibi.extrapolate import ExtrapolationConfig, run_experiment
 
     config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
     if args.out.is_dir():
@@ -199,10 +200,10 @@ def extrapolate_command(args, argv: list[str]) -> int:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     command = "python -m aftalibi " + " ".join(shlex.quote(arg) for arg in argv)
-    # After every model the results so far are saved (marked incomplete), so a stopped run keeps them.
-    checkpoint = lambda results: save_results({**results, "command": command}, args.out)  # noqa: E731
-    results = run_experiment(config, log=lambda line: print(line, flush=True), checkpoint=checkpoint)
-    print(f"wrote {checkpoint(results)} ({results['wall_seconds'] / 60:.1f} min)")
+    # Saved after every model; the same command continues the file, another configuration is refused.
+    results = run_experiment(config, path=args.out, command=command, log=lambda line: print(line, flush=True))
+    print(f"wrote {args.out}: {len(results['training'])} models, {len(results['sweep'])} sweep points, "
+          f"{results['wall_seconds'] / 60:.1f} min of work in all")
     return 0
 
 

@@ -4,7 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
+import subprocess
 import time
 from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timezone
@@ -15,28 +17,32 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+import aftalibi
 from .aft import band_of
 from .data import load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
-from .train import TrainConfig, learning_rate_at, make_optimizer
+from .train import TrainConfig, learning_rate_factor, make_optimizer, training_precision
 
 # %% auto #0
-__all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'window_starts', 'token_losses', 'NotApplicable',
-           'extend_to_length', 'ExtrapolationConfig', 'train_model', 'evaluate_lengths', 'run_experiment',
-           'check_results', 'save_results', 'load_results', 'summarize', 'results_table', 'plot_extrapolation',
-           'plot_window_sweep']
+__all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
+           'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'train_model',
+           'evaluate_lengths', 'run_experiment', 'check_results', 'save_results', 'load_results', 'mean_interval',
+           'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation', 'plot_window_sweep']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
-# Every variant is a ModelConfig with one mixer and one position scheme; all else is shared.
+# Every variant is a ModelConfig with one mixer and one position scheme; all else is shared. The order is
+# the run's: the variants the main questions are about first, so that a stopped run has answered them.
 VARIANTS = {
-    "mha-sinusoidal": {"mixer": "mha", "position": "sinusoidal"},
-    "mha-learned": {"mixer": "mha", "position": "learned"},
-    "mha-rotary": {"mixer": "mha", "position": "rotary"},
     "alibi": {"mixer": "alibi", "position": "none"},
-    "aft-simple": {"mixer": "aft-simple", "position": "none"},
+    "mha-rotary": {"mixer": "mha", "position": "rotary"},
+    "mha-none": {"mixer": "mha", "position": "none"},
+    "mha-sinusoidal-paper": {"mixer": "mha", "position": "sinusoidal-paper"},
+    "mha-sinusoidal-0.02": {"mixer": "mha", "position": "sinusoidal"},
+    "mha-learned": {"mixer": "mha", "position": "learned"},
     "aft-conv": {"mixer": "aft-conv", "position": "none"},
     "aft-local": {"mixer": "aft-local", "position": "none"},
     "aft-full": {"mixer": "aft-full", "position": "none"},
+    "aft-simple": {"mixer": "aft-simple", "position": "none"},
 }
 
 # %% ../notebooks/07_extrapolation.ipynb #4c416859
@@ -84,6 +90,19 @@ def token_losses(model: LanguageModel, tokens: Tensor, window: int, stride: int 
             scored.append(losses[:, window - stride:].flatten())
     model.train(was_training)
     return torch.cat(scored).cpu()
+
+# %% ../notebooks/07_extrapolation.ipynb #a1e0c5e1
+def evaluation_segments(tokens: Tensor, n_segments: int, segment_len: int) -> Tensor:
+    """`n_segments` stretches of `segment_len` targets (`segment_len + 1` tokens) spread evenly over `tokens`:
+    `[n_segments, segment_len + 1]`, the first at the start and the last at the end."""
+    if tokens.ndim != 1:
+        raise ValueError(f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}")
+    if n_segments < 1 or segment_len < 1:
+        raise ValueError(f"need n_segments >= 1 and segment_len >= 1, got {n_segments} and {segment_len}")
+    if n_segments * (segment_len + 1) > len(tokens):
+        raise ValueError(f"{n_segments} segments of {segment_len + 1} tokens do not fit in {len(tokens)} tokens")
+    starts = torch.linspace(0, len(tokens) - segment_len - 1, n_segments).round().long()  # [n_segments]
+    return tokens[starts[:, None] + torch.arange(segment_len + 1)]
 
 # %% ../notebooks/07_extrapolation.ipynb #e75399a5
 RELATIVE_EXTENSION = ("aft-local and aft-full past L = max_len: position t >= L reads the bias row of position L-1 "
@@ -139,28 +158,36 @@ class ExtrapolationConfig:
     train_len: int = field(default=128, metadata={"help": "training length L (characters per training window)"})
     factors: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata={"help": "evaluation lengths, as multiples of L"})
     variants: tuple[str, ...] = field(default=tuple(VARIANTS), metadata={"help": "variants to train and evaluate"})
-    seeds: tuple[int, ...] = field(default=(0, 1), metadata={"help": "seeds of every variant (initialisation and batches)"})
-    d_model: int = field(default=64, metadata={"help": "width of the residual stream"})
-    n_layers: int = field(default=2, metadata={"help": "number of blocks"})
+    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"help": "seeds of every variant (initialisation and batches)"})
+    d_model: int = field(default=128, metadata={"help": "width of the residual stream"})
+    n_layers: int = field(default=6, metadata={"help": "number of blocks"})
     n_heads: int = field(default=4, metadata={"help": "attention heads (AFT-conv: heads of its kernel)"})
-    d_ff: int = field(default=256, metadata={"help": "hidden width of each block's MLP"})
+    d_ff: int = field(default=256, metadata={"help": "hidden width of each block's MLP (of a model without position parameters)"})
+    match_parameters: bool = field(default=True, metadata={"help": "give each variant the MLP width that brings its parameter count nearest that of a model without position parameters at d_ff"})
     window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
-    steps: int = field(default=500, metadata={"help": "optimizer steps per model"})
+    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U V^T"})
+    steps: int = field(default=2000, metadata={"help": "optimizer steps per model"})
     batch_size: int = field(default=16, metadata={"help": "training windows per step"})
-    learning_rate: float = field(default=3e-3, metadata={"help": "peak learning rate (cosine decay to a tenth of it)"})
+    optimizer: str = field(default="muon", metadata={"help": "muon (Muon for the blocks' linear weights, AdamW for the rest) or adamw"})
+    learning_rate: float = field(default=6e-3, metadata={"help": "peak learning rate of AdamW"})
+    muon_learning_rate: float = field(default=0.012, metadata={"help": "peak learning rate of Muon's group"})
+    min_learning_rate: float = field(default=0.0, metadata={"help": "AdamW's learning rate at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
     warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup"})
-    eval_tokens: int = field(default=8192, metadata={"help": "validation targets scored at every length (the same ones); a multiple of the longest length"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay of linear weights (with muon: of none, Muon takes them all)"})
+    precision: str = field(default="auto", metadata={"help": "training precision as in train: auto, float32 or bfloat16 (autocast); evaluation is float32"})
+    eval_tokens: int = field(default=65536, metadata={"help": "validation targets scored at every length (the same ones)"})
+    eval_segments: int = field(default=8, metadata={"help": "contiguous stretches the eval_tokens are cut into, spread evenly over the validation plays; each a multiple of the longest length"})
     slide_divisor: int = field(default=4, metadata={"help": "sliding evaluation: stride = evaluation length / this"})
     extend_absolute: bool = field(default=True, metadata={"help": "run aft-local and aft-full past L by their relative extension (else n/a)"})
     sweep_variant: str = field(default="aft-local", metadata={"help": "AFT variant of the window-size sweep"})
     sweep_windows: tuple[int, ...] = field(default=(4, 8, 16, 32, 64, 128), metadata={"help": "windows s of the sweep (empty: no sweep)"})
-    sweep_seeds: tuple[int, ...] = field(default=(0,), metadata={"help": "seeds of each window of the sweep"})
+    sweep_seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"help": "seeds of each window of the sweep"})
 
     def __post_init__(self):
         for name in ("factors", "variants", "seeds", "sweep_windows", "sweep_seeds"):
             setattr(self, name, tuple(getattr(self, name)))
-        for name in ("train_len", "d_model", "n_layers", "n_heads", "d_ff", "window", "steps", "batch_size",
-                     "eval_tokens", "slide_divisor"):
+        for name in ("train_len", "d_model", "n_layers", "n_heads", "d_ff", "window", "factor_dim", "steps", "batch_size",
+                     "eval_tokens", "eval_segments", "slide_divisor"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.factors or min(self.factors) < 1:
@@ -168,70 +195,100 @@ class ExtrapolationConfig:
         unknown = [v for v in self.variants + (self.sweep_variant,) if v not in VARIANTS]
         if unknown or not self.variants:
             raise ValueError(f"unknown variant(s) {unknown}; choose among {', '.join(VARIANTS)}")
+        if len(set(self.variants)) != len(self.variants) or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(f"variants and seeds must not repeat, got {self.variants} and {self.seeds}")
         if self.sweep_variant not in ("aft-local", "aft-conv"):
             raise ValueError(f"sweep_variant must be aft-local or aft-conv, got {self.sweep_variant!r}")
         if not self.seeds or (self.sweep_windows and not self.sweep_seeds):
             raise ValueError("seeds (and sweep_seeds when there is a sweep) must name at least one seed")
+        if self.factor_dim >= self.train_len:
+            raise ValueError(f"factor_dim={self.factor_dim} must be below train_len={self.train_len}: at or above it, "
+                             "AFT-full's factors U, V have more parameters than a dense w")
         if self.sweep_windows and min(self.sweep_windows) < 1:
             raise ValueError(f"sweep_windows must be >= 1, got {self.sweep_windows}")
-        longest = self.train_len * max(self.factors)
         for length in self.lengths:
             if length % self.slide_divisor:
                 raise ValueError(f"slide_divisor={self.slide_divisor} must divide every evaluation length, not {length}")
-        if self.eval_tokens % longest:
-            raise ValueError(f"eval_tokens={self.eval_tokens} must be a multiple of the longest evaluation length "
-                             f"{longest} (train_len * max(factors)), so every length scores the same targets")
+        longest = self.lengths[-1]
+        if self.eval_tokens % (self.eval_segments * longest):
+            raise ValueError(f"eval_tokens={self.eval_tokens} must be a multiple of eval_segments={self.eval_segments} times "
+                             f"the longest evaluation length {longest} (train_len * max(factors)), so every length "
+                             "scores the same targets")
         if not 0 <= self.warmup_steps <= self.steps:
             raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
-        if self.learning_rate <= 0:
-            raise ValueError(f"learning_rate must be > 0, got {self.learning_rate}")
+        # The optimizer's own options are checked by the TrainConfig each model trains with.
+        self.schedule(seed=0)
 
     @property
     def lengths(self) -> list[int]:
         """The evaluation lengths, shortest first."""
         return sorted({self.train_len * factor for factor in self.factors})
 
+    def schedule(self, seed: int) -> TrainConfig:
+        """The optimizer, schedule and precision of one model, as `train` would run them."""
+        return TrainConfig(seq_len=self.train_len, batch_size=self.batch_size, max_steps=self.steps,
+                           learning_rate=self.learning_rate, min_learning_rate=self.min_learning_rate,
+                           warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, optimizer=self.optimizer,
+                           muon_learning_rate=self.muon_learning_rate, precision=self.precision, seed=seed)
+
     def model_config(self, variant: str, vocab_size: int, window: int | None = None) -> ModelConfig:
-        return ModelConfig(vocab_size=vocab_size, **VARIANTS[variant], d_model=self.d_model, n_layers=self.n_layers,
-                           n_heads=self.n_heads, d_ff=self.d_ff, max_len=self.train_len,
-                           window=self.window if window is None else window)
+        """The model of `variant`; with `match_parameters`, its MLP width is the one that brings its parameter count
+        nearest that of `mha-none` (no position parameters) at `d_ff`, whatever the window."""
+        shared = dict(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
+                      max_len=self.train_len, factor_dim=self.factor_dim)
+        config = ModelConfig(**shared, **VARIANTS[variant], d_ff=self.d_ff, window=self.window)
+        if self.match_parameters:
+            target = _parameter_count(ModelConfig(**shared, **VARIANTS["mha-none"], d_ff=self.d_ff))
+            count, per_unit = _parameter_count(config), _parameter_count(replace(config, d_ff=self.d_ff + 1)) - _parameter_count(config)
+            config = replace(config, d_ff=max(1, self.d_ff + round((target - count) / per_unit)))
+        return config if window is None else replace(config, window=window)
+
+
+def _parameter_count(config: ModelConfig) -> int:
+    with torch.device("meta"):  # shapes only: nothing is allocated or initialised
+        return LanguageModel(config).num_parameters()
 
 # %% ../notebooks/07_extrapolation.ipynb #c11fa612
 def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_tokens: Tensor, seed: int
                 ) -> tuple[LanguageModel, float]:
-    """Train one model on random `train_len` windows; returns it and its last training loss.
+    """Train one model on random `train_len` windows with `train`'s recipe; returns it and its last training loss.
 
-    The same steps, batch and schedule for every variant; `seed` fixes the initialisation and
-    the batches, so two variants with one seed see the same characters in the same order. (The
-    project's `train` also re-splits the plays with its seed; here the split stays fixed, so every
-    model is scored on the same validation plays.)
+    The optimizer, learning-rate schedule, gradient clipping and precision are those of `train`
+    (notebook 06) with `config.schedule(seed)`. The same steps and batches for every variant:
+    `seed` fixes the initialisation and the batches, so two variants with one seed see the same
+    characters in the same order. (`train` also re-splits the plays with its seed; here the split
+    stays fixed, so every model is scored on the same validation plays.)
     """
-    schedule = TrainConfig(seq_len=config.train_len, batch_size=config.batch_size, max_steps=config.steps,
-                           learning_rate=config.learning_rate, min_learning_rate=config.learning_rate / 10,
-                           warmup_steps=config.warmup_steps, optimizer="adamw", seed=seed)
+    schedule = config.schedule(seed)
+    device = torch.device("cpu")
     torch.manual_seed(seed)
     model = LanguageModel(model_config)
     optimizer = make_optimizer(model, schedule)
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16,
+                              enabled=training_precision(schedule.precision, device) == "bfloat16")
     batches = torch.Generator().manual_seed(seed)
     model.train()
     for step in range(schedule.max_steps):
         for group in optimizer.param_groups:
-            group["lr"] = learning_rate_at(step, schedule)
-        inputs, targets = random_windows(train_tokens, schedule.batch_size, schedule.seq_len, batches)
-        _, loss = model(inputs, targets)
+            group["lr"] = group["peak_lr"] * learning_rate_factor(step, schedule)
+        inputs, targets = random_windows(train_tokens, schedule.batch_size, schedule.seq_len, batches)  # [B, L]
+        with autocast:
+            _, loss = model(inputs, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
+        if schedule.grad_clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
         optimizer.step()
     return model, loss.item()
 
 # %% ../notebooks/07_extrapolation.ipynb #f1a6807e
-RESULTS_FORMAT = "aftalibi-extrapolation-v1"
+RESULTS_FORMAT = "aftalibi-extrapolation-v2"
 MODES = ("non-overlapping", "sliding")
 
 
-def evaluate_lengths(model: LanguageModel, tokens: Tensor, config: ExtrapolationConfig) -> list[dict]:
-    """Loss at every evaluation length, non-overlapping and sliding: one record each, loss None when n/a."""
+def evaluate_lengths(model: LanguageModel, segments: Tensor, config: ExtrapolationConfig) -> list[dict]:
+    """Loss at every evaluation length, non-overlapping and sliding, over the targets of every segment
+    (`[n_segments, segment_len + 1]` ids, each scored on its own): one record each, loss None when n/a."""
     records = []
     for length in config.lengths:
         try:
@@ -239,65 +296,116 @@ def evaluate_lengths(model: LanguageModel, tokens: Tensor, config: Extrapolation
         except NotApplicable as error:
             runnable, reason = None, str(error)
         for mode, stride in zip(MODES, (length, length // config.slide_divisor)):
-            loss = None if runnable is None else token_losses(runnable, tokens, length, stride).mean().item()
+            loss = None
+            if runnable is not None:
+                loss = torch.cat([token_losses(runnable, segment, length, stride) for segment in segments]).mean().item()
             records.append({"length": length, "mode": mode, "stride": stride, "loss": loss, "reason": reason})
     return records
 
 
-def run_experiment(config: ExtrapolationConfig, *, log: Callable[[str], None] = print,
-                   checkpoint: Callable[[dict], None] | None = None) -> dict:
+def _git_commit() -> str | None:
+    """The commit of the aftalibi checkout this runs from, or None outside a git checkout."""
+    try:
+        found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(aftalibi.__file__).parent, capture_output=True,
+                               text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    commit = found.stdout.strip() if found.returncode == 0 else ""
+    return commit or None
+
+
+def _this_run(command: str) -> dict:
+    return {"command": command, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "python": platform.python_version(), "torch": torch.__version__, "aftalibi": aftalibi.__version__,
+            "git_commit": _git_commit(), "threads": torch.get_num_threads(), "machine": platform.machine()}
+
+
+def _differences(old: dict, new: dict) -> str:
+    return "; ".join(f"{name}: {old.get(name)!r} there, {new.get(name)!r} here" for name in sorted(set(old) | set(new))
+                     if old.get(name) != new.get(name))
+
+
+def run_experiment(config: ExtrapolationConfig, *, path=None, command: str = "aftalibi.extrapolate.run_experiment",
+                   log: Callable[[str], None] = print) -> dict:
     """Train every variant and seed, evaluate each at every length, then the window sweep; returns the results.
 
-    Seed by seed (every variant with the first seed, then the next seed), so that a run stopped
-    early holds whole seeds. `checkpoint`, when given, receives the results so far (with
-    "complete": False) after every model.
+    The order makes a stopped run as informative as it can be: the first seed of every variant,
+    then the next seed of every variant, and the sweep last, seed by seed. With `path`, the
+    results so far are written there (atomically) after every model, and a file that already
+    holds results of the same configuration is continued: its finished models are kept and
+    skipped, and `command` is added to its runs. A file of another configuration or format is
+    refused, never overwritten.
     """
-    started = time.perf_counter()
+    path = None if path is None else Path(path)
+    configuration = _jsonable(asdict(config))
+    results = {"format": RESULTS_FORMAT, "complete": False, "config": configuration, "wall_seconds": 0.0,
+               "device": "cpu", "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
+               "runs": [], "training": [], "evaluations": [], "sweep": []}
+    if path is not None and path.exists():
+        results = load_results(path)
+        if results["config"] != configuration:
+            raise ValueError(f"{path} holds results of another configuration ({_differences(results['config'], configuration)}): "
+                             "run with the options it was started with to continue it, or choose another output file")
+        log(f"continuing {path}: {len(results['training'])} models and {len(results['sweep'])} sweep points done")
+    results["runs"].append(_this_run(command))
     corpus = load_corpus(config.corpus)
-    longest = config.lengths[-1]
-    corpus.check_length(max(longest, config.eval_tokens))
-    train_tokens = corpus.tokens("train")
-    eval_tokens = corpus.tokens("validation")[:config.eval_tokens + 1]  # the same targets at every length
-    vocab_size = len(corpus.tokenizer)
-    training, evaluations, sweep = [], [], []
+    segment_len = config.eval_tokens // config.eval_segments
+    corpus.check_length(config.eval_segments * (segment_len + 1), splits=("validation",), option="eval_tokens")
+    segments = evaluation_segments(corpus.tokens("validation"), config.eval_segments, segment_len)  # [K, S + 1]
+    train_tokens, vocab_size = corpus.tokens("train"), len(corpus.tokenizer)
 
-    def results(complete: bool) -> dict:
-        return {"format": RESULTS_FORMAT, "command": None, "complete": complete, "config": _jsonable(asdict(config)),
-                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "wall_seconds": time.perf_counter() - started, "python": platform.python_version(),
-                "torch": torch.__version__, "threads": torch.get_num_threads(), "device": "cpu",
-                "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
-                "training": training, "evaluations": evaluations, "sweep": sweep}
+    def save() -> None:
+        if path is not None:
+            save_results(results, path)
 
+    def timed(work: Callable):
+        began = time.perf_counter()
+        value = work()
+        seconds = time.perf_counter() - began
+        results["wall_seconds"] += seconds
+        return value, seconds
+
+    done = {(r["variant"], r["seed"]) for r in results["training"]}
     for seed in config.seeds:
         for variant in config.variants:
-            began = time.perf_counter()
-            model, train_loss = train_model(config.model_config(variant, vocab_size), config, train_tokens, seed)
-            records = evaluate_lengths(model, eval_tokens, config)
-            seconds = time.perf_counter() - began
-            training.append({"variant": variant, "seed": seed, "parameters": model.num_parameters(),
-                             "train_loss": train_loss, "seconds": seconds})
-            evaluations += [{"variant": variant, "seed": seed, **record} for record in records]
+            if (variant, seed) in done:
+                continue
+            model_config = config.model_config(variant, vocab_size)
+            (model, train_loss), train_seconds = timed(lambda: train_model(model_config, config, train_tokens, seed))
+            records, eval_seconds = timed(lambda: evaluate_lengths(model, segments, config))
+            results["training"].append({"variant": variant, "seed": seed, "parameters": model.num_parameters(),
+                                        "d_ff": model_config.d_ff, "train_loss": train_loss,
+                                        "train_seconds": train_seconds, "eval_seconds": eval_seconds})
+            results["evaluations"] += [{"variant": variant, "seed": seed, **record} for record in records]
+            save()
             losses = " ".join("n/a" if r["loss"] is None else f"{r['loss']:.3f}" for r in records)
             log(f"{variant} seed {seed}: train {train_loss:.3f}; (non-overlapping, sliding) at {config.lengths}: "
-                f"{losses} ({seconds:.0f} s)")
-            if checkpoint is not None:
-                checkpoint(results(complete=False))
+                f"{losses} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
     # A sweep model identical to one trained above (same variant, window and seed) is not trained twice.
-    trained = {(r["variant"], r["seed"]): r["loss"] for r in evaluations
-               if r["length"] == config.train_len and r["mode"] == MODES[0]}
-    for window in config.sweep_windows:
-        for seed in config.sweep_seeds:
-            loss = trained.get((config.sweep_variant, seed)) if window == config.window else None
-            if loss is None:
-                model_config = config.model_config(config.sweep_variant, vocab_size, window=window)
-                model, _ = train_model(model_config, config, train_tokens, seed)
-                loss = token_losses(model, eval_tokens, config.train_len).mean().item()
-            sweep.append({"variant": config.sweep_variant, "window": window, "seed": seed, "loss": loss})
-            log(f"sweep {config.sweep_variant} window {window} seed {seed}: {loss:.3f} at L={config.train_len}")
-            if checkpoint is not None:
-                checkpoint(results(complete=False))
-    return results(complete=True)
+    at_train_len = {(r["variant"], r["seed"]): r["loss"] for r in results["evaluations"]
+                    if r["length"] == config.train_len and r["mode"] == MODES[0]}
+    done = {(r["window"], r["seed"]) for r in results["sweep"]}
+    for seed in config.sweep_seeds:
+        for window in config.sweep_windows:
+            if (window, seed) in done:
+                continue
+            model_config = config.model_config(config.sweep_variant, vocab_size, window=window)
+            loss = at_train_len.get((config.sweep_variant, seed)) if window == config.window else None
+            reused, seconds = loss is not None, 0.0
+            if not reused:
+                def train_and_score() -> float:
+                    model, _ = train_model(model_config, config, train_tokens, seed)
+                    return torch.cat([token_losses(model, segment, config.train_len) for segment in segments]).mean().item()
+                loss, seconds = timed(train_and_score)
+            results["sweep"].append({"variant": config.sweep_variant, "window": window, "seed": seed, "loss": loss,
+                                     "parameters": _parameter_count(model_config), "d_ff": model_config.d_ff,
+                                     "seconds": seconds, "reused": reused})
+            save()
+            log(f"sweep {config.sweep_variant} window {window} seed {seed}: {loss:.3f} at L={config.train_len}"
+                + (" (the main model's)" if reused else f" ({seconds:.0f} s)"))
+    results["complete"] = True
+    save()
+    return results
 
 
 def _jsonable(value):
@@ -305,10 +413,12 @@ def _jsonable(value):
         {k: _jsonable(v) for k, v in value.items()} if isinstance(value, dict) else value)
 
 # %% ../notebooks/07_extrapolation.ipynb #fba67574
-_RESULT_FIELDS = {"format": str, "command": str, "complete": bool, "config": dict, "date": str, "wall_seconds": (int, float),
-                  "python": str, "torch": str, "training": list, "evaluations": list, "sweep": list}
+_RESULT_FIELDS = {"format": str, "complete": bool, "config": dict, "wall_seconds": (int, float), "device": str,
+                  "runs": list, "training": list, "evaluations": list, "sweep": list}
+_RUN_FIELDS = {"command", "started", "python", "torch", "aftalibi", "git_commit", "threads", "machine"}
+_TRAINING_FIELDS = {"variant", "seed", "parameters", "d_ff", "train_loss", "train_seconds", "eval_seconds"}
 _EVALUATION_FIELDS = {"variant", "seed", "length", "mode", "stride", "loss", "reason"}
-_SWEEP_FIELDS = {"variant", "window", "seed", "loss"}
+_SWEEP_FIELDS = {"variant", "window", "seed", "loss", "parameters", "d_ff", "seconds", "reused"}
 
 
 def check_results(results, source: str = "results") -> dict:
@@ -319,14 +429,14 @@ def check_results(results, source: str = "results") -> dict:
         if not isinstance(results.get(name), kind):
             raise ValueError(f"{source}: field {name!r} must be of type {getattr(kind, '__name__', 'number')}, "
                              f"got {type(results.get(name)).__name__}")
+    for records, fields, what in ((results["runs"], _RUN_FIELDS, "run"), (results["training"], _TRAINING_FIELDS, "training record"),
+                                  (results["evaluations"], _EVALUATION_FIELDS, "evaluation"), (results["sweep"], _SWEEP_FIELDS, "sweep record")):
+        for record in records:
+            if not isinstance(record, dict) or set(record) != fields:
+                raise ValueError(f"{source}: every {what} needs exactly the fields {sorted(fields)}, got {record!r}")
     for record in results["evaluations"]:
-        if not isinstance(record, dict) or set(record) != _EVALUATION_FIELDS:
-            raise ValueError(f"{source}: every evaluation needs exactly the fields {sorted(_EVALUATION_FIELDS)}, got {record!r}")
         if record["mode"] not in MODES or (record["loss"] is None) == (record["reason"] is None):
             raise ValueError(f"{source}: an evaluation needs a mode in {MODES} and either a loss or a reason, got {record!r}")
-    for record in results["sweep"]:
-        if not isinstance(record, dict) or set(record) != _SWEEP_FIELDS:
-            raise ValueError(f"{source}: every sweep record needs exactly the fields {sorted(_SWEEP_FIELDS)}, got {record!r}")
     return results
 
 
@@ -335,9 +445,12 @@ def save_results(results: dict, path) -> Path:
     path = Path(path)
     check_results(results)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.tmp")
-    temporary.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    temporary.replace(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        temporary.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
     return path
 
 
@@ -353,8 +466,24 @@ def load_results(path) -> dict:
     return check_results(results, source=str(path))
 
 # %% ../notebooks/07_extrapolation.ipynb #bf3dd230
+# Student's t quantile t_{0.975, df} for df = 1 .. 10: a 95% confidence interval of a mean of df + 1 seeds
+# is mean ± t sd / sqrt(n). Beyond 10 degrees of freedom the df = 10 value is used (slightly too wide).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def mean_interval(values: list[float]) -> dict:
+    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None for one value), "seeds"}."""
+    n = len(values)
+    mean = sum(values) / n
+    ci = None
+    if n > 1:
+        sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n ** 0.5
+    return {"mean": mean, "low": min(values), "high": max(values), "ci": ci, "seeds": n}
+
+
 def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
-    """{variant: {length: {"mean", "low", "high", "seeds"} or {"reason"}}} for one evaluation mode."""
+    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation mode, variants in run order."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     grouped: dict[str, dict[int, list[dict]]] = {}
@@ -366,24 +495,128 @@ def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
         summary[variant] = {}
         for length, records in sorted(by_length.items()):
             losses = [r["loss"] for r in records if r["loss"] is not None]
-            summary[variant][length] = ({"mean": sum(losses) / len(losses), "low": min(losses), "high": max(losses),
-                                         "seeds": len(losses)} if losses else {"reason": records[0]["reason"]})
+            summary[variant][length] = mean_interval(losses) if losses else {"reason": records[0]["reason"]}
     return summary
 
 
 def results_table(results: dict, mode: str) -> str:
-    """A text table: one row per variant, one column per length; mean ± half the seeds' range, or n/a."""
+    """A text table: one row per variant, its number of seeds, then one column per length: mean ± half the seeds'
+    range, or n/a."""
     summary = summarize(results, mode)
     lengths = sorted({length for by_length in summary.values() for length in by_length})
-    rows = [["variant"] + [f"T={length}" for length in lengths]]
+    rows = [["variant", "seeds"] + [f"T={length}" for length in lengths]]
     for variant, by_length in summary.items():
-        cells = [variant]
+        seeds = len({r["seed"] for r in results["evaluations"] if r["variant"] == variant})
+        cells = [variant, str(seeds)]
         for length in lengths:
             entry = by_length.get(length, {"reason": "not evaluated"})
             cells.append("n/a" if "reason" in entry else f"{entry['mean']:.3f} ±{(entry['high'] - entry['low']) / 2:.3f}")
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+
+
+def sweep_summary(results: dict) -> dict[int, dict]:
+    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest window first."""
+    by_window: dict[int, list[float]] = {}
+    for record in results["sweep"]:
+        by_window.setdefault(record["window"], []).append(record["loss"])
+    return {window: mean_interval(losses) for window, losses in sorted(by_window.items())}
+
+# %% ../notebooks/07_extrapolation.ipynb #a1e0c5e3
+DEMO_LOSS = 1.507  # the CPU demo's validation loss, `python -m aftalibi train` (README)
+
+
+def _spread(entry: dict) -> str:
+    return "1 seed" if entry["seeds"] == 1 else f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
+
+
+def _compare(name_a: str, a: dict, name_b: str, b: dict) -> str:
+    """"a 1.600 (..) is lower than b 1.650 (..) by 0.050, ranges disjoint"; the verdict says whether seeds separate them."""
+    lower, higher = ((name_a, a), (name_b, b)) if a["mean"] <= b["mean"] else ((name_b, b), (name_a, a))
+    if a["seeds"] < 2 or b["seeds"] < 2:
+        verdict = "one seed on a side, no spread to judge it by yet"
+    elif lower[1]["high"] < higher[1]["low"]:
+        verdict = "every seed of one below every seed of the other"
+    else:
+        verdict = "the seeds' ranges overlap: not separated at this number of seeds"
+    return (f"{lower[0]} {lower[1]['mean']:.3f} ({_spread(lower[1])}) is below {higher[0]} {higher[1]['mean']:.3f} "
+            f"({_spread(higher[1])}) by {higher[1]['mean'] - lower[1]['mean']:.3f}; {verdict}")
+
+
+def _per_seed_change(results: dict, variant: str, before: tuple[int, str], after: tuple[int, str]) -> list[float]:
+    """Loss at `after` minus loss at `before` ((length, mode) pairs), for each seed of `variant` that has both."""
+    losses = {(r["seed"], r["length"], r["mode"]): r["loss"] for r in results["evaluations"]
+              if r["variant"] == variant and r["loss"] is not None}
+    seeds = sorted({seed for seed, _, _ in losses})
+    return [losses[(s, *after)] - losses[(s, *before)] for s in seeds if (s, *before) in losses and (s, *after) in losses]
+
+
+def _changes(changes: list[float]) -> str:
+    lower = sum(change < 0 for change in changes)
+    return (f"{sum(changes) / len(changes):+.4f} on average, per seed {', '.join(f'{c:+.4f}' for c in changes)}: "
+            f"lower in {lower} of {len(changes)} seed{'s' if len(changes) > 1 else ''}")
+
+
+def findings(results: dict) -> list[str]:
+    """The experiment's answers, each computed from `results` (however partial), as sentences."""
+    config = results["config"]
+    short, long = config["train_len"], config["train_len"] * max(config["factors"])
+    flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
+
+    def at(summary: dict, variant: str, length: int) -> dict | None:
+        entry = summary.get(variant, {}).get(length, {})
+        return entry if "mean" in entry else None
+
+    expected = len(config["variants"]) * len(config["seeds"])
+    lines = [f"Models finished: {len(results['training'])} of {expected} (seeds per variant: "
+             + ", ".join(f"{v} {len({r['seed'] for r in results['training'] if r['variant'] == v})}" for v in config["variants"])
+             + f"); window sweep: {len(results['sweep'])} of {len(config['sweep_windows']) * len(config['sweep_seeds'])} points."]
+    alibi, rotary, nope = at(flat, "alibi", short), at(flat, "mha-rotary", short), at(flat, "mha-none", short)
+    if alibi is None:
+        lines.append("ALiBi: not measured yet.")
+        return lines
+    within = "within" if alibi["mean"] <= DEMO_LOSS + 0.12 else "NOT within"
+    lines.append(f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} ({_spread(alibi)}), {within} 0.12 of "
+                 f"the CPU demo's {DEMO_LOSS}.")
+    if rotary is not None:
+        lines.append(f"ALiBi against rotary at L: {_compare('ALiBi', alibi, 'rotary', rotary)}.")
+    beyond = _per_seed_change(results, "alibi", (short, MODES[1]), (long, MODES[1]))
+    if beyond and at(sliding, "alibi", long):
+        lines.append(f"ALiBi beyond L: sliding-window loss at {long} = {long // short}L minus at L: {_changes(beyond)}. "
+                     f"Against its non-overlapping loss at L: {_changes(_per_seed_change(results, 'alibi', (short, MODES[0]), (long, MODES[1])))}.")
+    if nope is not None:
+        ranked = sorted((entry["mean"], variant) for variant in flat if (entry := at(flat, variant, short)))
+        place = [variant for _, variant in ranked].index("mha-none") + 1
+        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({_spread(nope)}), place {place} of {len(ranked)} "
+                     f"(best first: {', '.join(f'{v} {m:.3f}' for m, v in ranked)}).")
+        nope_long = at(sliding, "mha-none", long)
+        if nope_long is not None:
+            lines.append(f"NoPE past L: sliding-window loss at {long // short}L minus at L: "
+                         f"{_changes(_per_seed_change(results, 'mha-none', (short, MODES[1]), (long, MODES[1])))}.")
+        for variant in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper"):
+            entry = at(flat, variant, short)
+            if entry is not None:
+                lines.append(f"{variant} against NoPE at L: {_compare(variant, entry, 'NoPE', nope)}.")
+    for variant in ("mha-sinusoidal-paper", "mha-sinusoidal-0.02", "mha-rotary", "mha-none", "alibi", "aft-simple",
+                    "aft-conv", "aft-local", "aft-full"):
+        change = _per_seed_change(results, variant, (short, MODES[0]), (2 * short, MODES[0]))
+        if change:
+            lines.append(f"{variant} at 2L against L (non-overlapping): {_changes(change)}.")
+    sweep = sweep_summary(results)
+    if sweep:
+        best = min(sweep, key=lambda window: sweep[window]["mean"])
+        intervals = ", ".join(f"s={w} {e['mean']:.3f}" + ("" if e["ci"] is None else f" ±{e['ci']:.3f}") + f" (n={e['seeds']})"
+                              for w, e in sweep.items())
+        def interval(entry: dict) -> tuple[float, float]:
+            half = entry["ci"] or 0.0
+            return entry["mean"] - half, entry["mean"] + half
+
+        overlapping = [w for w in sweep if w != best and interval(sweep[w])[0] <= interval(sweep[best])[1]]
+        lines.append(f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t interval): {intervals}. "
+                     f"Lowest mean at s = {best}; intervals overlapping it: "
+                     + (", ".join(f"s={w}" for w in overlapping) if overlapping else "none") + ".")
+    return lines
 
 # %% ../notebooks/07_extrapolation.ipynb #e948ab26
 def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None):
@@ -393,14 +626,15 @@ def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None
 
     config = results["config"]
     extended = {"aft-local", "aft-full"} if config["extend_absolute"] else set()
-    figure, axes = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    figure, axes = plt.subplots(1, 2, figsize=(12, 5), sharey=True)
     for axis, mode in zip(axes, MODES):
         for variant, by_length in summarize(results, mode).items():
             lengths = [length for length, entry in by_length.items() if "mean" in entry]
             if not lengths:
                 continue
             mean, low, high = ([by_length[length][key] for length in lengths] for key in ("mean", "low", "high"))
-            label = variant + (" (relative extension past L)" if variant in extended else "")
+            seeds = min(by_length[length]["seeds"] for length in lengths)
+            label = f"{variant} ({seeds} seed{'s' if seeds > 1 else ''})" + (", relative extension past L" if variant in extended else "")
             line, = axis.plot(lengths, mean, marker="o", label=label, linestyle="--" if variant in extended else "-")
             axis.fill_between(lengths, low, high, color=line.get_color(), alpha=0.25)
         axis.axvline(config["train_len"], color="grey", linestyle=":", linewidth=1)
@@ -414,26 +648,31 @@ def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None
         if ylim is not None:
             axis.set_ylim(*ylim)
     axes[0].set_ylabel("validation loss (nats per character)")
-    axes[1].legend(fontsize=8, title="line: mean over seeds; band: their range", title_fontsize=8)
+    axes[1].legend(fontsize=7, title="line: mean over seeds; band: their range", title_fontsize=8)
     figure.tight_layout()
     return figure
 
 
 def plot_window_sweep(results: dict):
-    """Validation loss at L against the AFT window s: each seed a dot, the mean a line."""
+    """Validation loss at L against the AFT window s: each seed a grey dot, the mean with its 95% t interval."""
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
-    windows = sorted({r["window"] for r in results["sweep"]})
-    by_window = {w: [r["loss"] for r in results["sweep"] if r["window"] == w] for w in windows}
-    axis.plot(windows, [sum(v) / len(v) for v in by_window.values()], marker="o", label="mean over seeds (grey: each seed)")
-    for window, losses in by_window.items():
-        axis.scatter([window] * len(losses), losses, color="grey", s=12)
+    summary = sweep_summary(results)
+    if not summary:
+        axis.text(0.5, 0.5, "no sweep results yet", ha="center", va="center", transform=axis.transAxes)
+        return figure
+    windows = list(summary)
+    errors = [summary[w]["ci"] or 0.0 for w in windows]
+    axis.errorbar(windows, [summary[w]["mean"] for w in windows], yerr=errors, marker="o", capsize=4,
+                  label="mean over seeds, 95% t interval")
+    for record in results["sweep"]:
+        axis.scatter(record["window"], record["loss"], color="grey", s=12, zorder=3)
     axis.set_xscale("log", base=2)
-    axis.set_xticks(windows, [str(w) for w in windows])
-    variant = results["sweep"][0]["variant"] if results["sweep"] else "AFT"
-    axis.set_xlabel(f"window s of {variant}")
-    axis.set_ylabel(f"validation loss at L = {results['config']['train_len']} (nats/char)")
+    train_len = results["config"]["train_len"]
+    axis.set_xticks(windows, [f"{w} = T" if w == train_len else str(w) for w in windows])
+    axis.set_xlabel(f"window s of {results['sweep'][0]['variant']} (grey: each seed)")
+    axis.set_ylabel(f"validation loss at L = {train_len} (nats/char)")
     axis.grid(alpha=0.3)
     axis.legend()
     figure.tight_layout()

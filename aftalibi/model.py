@@ -20,7 +20,7 @@ from .attention import (KVCache, LearnedPositionEncoding, MultiHeadAttention, Si
 __all__ = ['POSITIONS', 'MIXERS', 'ModelConfig', 'RecurrentCache', 'AFTMixer', 'Block', 'LanguageModel', 'generate']
 
 # %% ../notebooks/04_model.ipynb #2e1f2aaa
-POSITIONS = ("sinusoidal", "learned", "rotary", "none")
+POSITIONS = ("sinusoidal", "sinusoidal-paper", "learned", "rotary", "none")
 
 
 @dataclass
@@ -29,13 +29,14 @@ class ModelConfig:
 
     vocab_size: int = field(metadata={"help": "number of distinct tokens (set from the corpus)"})
     mixer: str = field(default="mha", metadata={"help": "token mixer: one of the names in MIXERS"})
-    position: str = field(default="rotary", metadata={"help": "position encoding of mixer mha: sinusoidal, learned, rotary or none"})
+    position: str = field(default="rotary", metadata={"help": "position encoding of mixer mha: sinusoidal (amplitude 0.02), sinusoidal-paper (embeddings times sqrt(d_model) plus unit sinusoids), learned, rotary or none"})
     d_model: int = field(default=128, metadata={"help": "width of the residual stream"})
     n_layers: int = field(default=4, metadata={"help": "number of blocks"})
     n_heads: int = field(default=4, metadata={"help": "attention heads (AFT-conv: heads of the kernel)"})
     d_ff: int = field(default=512, metadata={"help": "hidden width of each block's MLP"})
     max_len: int = field(default=256, metadata={"help": "longest sequence for absolute position parameters (learned encodings, AFT-full and AFT-local biases)"})
     window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
+    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U V^T (below max_len, else a dense w would be smaller)"})
     dropout: float = field(default=0.0, metadata={"help": "dropout probability"})
 
     def __post_init__(self):
@@ -43,7 +44,7 @@ class ModelConfig:
             raise ValueError(f"unknown mixer {self.mixer!r}; choose one of {', '.join(MIXERS)}")
         if self.position not in POSITIONS:
             raise ValueError(f"unknown position encoding {self.position!r}; choose one of {', '.join(POSITIONS)}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "window"):
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "window", "factor_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_heads:
@@ -86,6 +87,11 @@ class AFTMixer(nn.Module):
         super().__init__()
         self.layer = layer
 
+    @property
+    def out(self) -> nn.Linear:
+        """The layer's output projection W_O, which writes into the residual stream (as attention's `out`)."""
+        return self.layer.out
+
     def forward(self, x: Tensor, attention_mask: Tensor | None = None, kv_cache: RecurrentCache | None = None) -> Tensor:
         if kv_cache is None:
             padding = None if attention_mask is None else ~check_attention_mask(attention_mask, x.shape[0], x.shape[1])
@@ -101,7 +107,7 @@ class AFTMixer(nn.Module):
 
 def _aft(config: ModelConfig) -> nn.Module:
     d, n = config.d_model, config.max_len
-    layer = {"aft-full": lambda: AFTFull(d, n), "aft-simple": lambda: AFTSimple(d),
+    layer = {"aft-full": lambda: AFTFull(d, n, factor_dim=config.factor_dim), "aft-simple": lambda: AFTSimple(d),
              "aft-local": lambda: AFTLocal(d, n, config.window),
              "aft-conv": lambda: AFTConv(d, config.n_heads, config.window)}[config.mixer]()
     return AFTMixer(layer)
@@ -121,6 +127,10 @@ class Block(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
                                  nn.Linear(config.d_ff, config.d_model), nn.Dropout(config.dropout))
 
+    def residual_projections(self) -> tuple[nn.Linear, nn.Linear]:
+        """The two layers that write into the residual stream: the mixer's output projection and the MLP's W_2."""
+        return self.mixer.out, self.mlp[2]
+
     def forward(self, x: Tensor, attention_mask: Tensor | None = None, kv_cache=None) -> Tensor:
         x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask, kv_cache=kv_cache)
         return x + self.mlp(self.mlp_norm(x))
@@ -133,19 +143,25 @@ class LanguageModel(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = nn.Embedding(config.vocab_size, config.d_model)
+        self.embedding_scale = 1.0
         self.position = None
         if config.mixer == "mha" and config.position == "sinusoidal":
-            # Scaled to the embeddings' init std, 0.02: the paper's position-to-token ratio (notebook 01).
+            # At the embeddings' init std, 0.02: the same ratio as the paper at initialisation (notebook 01),
+            # but the trained embeddings outgrow it.
             self.position = SinusoidalPositionEncoding(config.d_model, amplitude=0.02)
+        elif config.mixer == "mha" and config.position == "sinusoidal-paper":
+            # The Transformer paper's sqrt(d) E[x_t] + PE_t: unit sinusoids beside embeddings scaled up to their size.
+            self.embedding_scale = math.sqrt(config.d_model)
+            self.position = SinusoidalPositionEncoding(config.d_model, amplitude=1.0)
         elif config.mixer == "mha" and config.position == "learned":
             self.position = LearnedPositionEncoding(config.max_len, config.d_model)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(config.d_model)
         self.apply(self._init_weights)
-        for name, parameter in self.named_parameters():
-            if name.endswith(("mixer.out.weight", "mlp.2.weight")):  # projections into the residual stream
-                nn.init.normal_(parameter, std=0.02 / math.sqrt(2 * config.n_layers))
+        for block in self.blocks:
+            for projection in block.residual_projections():
+                nn.init.normal_(projection.weight, std=0.02 / math.sqrt(2 * config.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -153,7 +169,6 @@ class LanguageModel(nn.Module):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)
-
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
@@ -170,7 +185,7 @@ class LanguageModel(nn.Module):
             raise ValueError(f"sequence of {past + ids.shape[1]} tokens is longer than max_len={limit} of the absolute "
                              f"positions of {self.config.mixer}; the mixers alibi, aft-simple, aft-conv and mha with "
                              "sinusoidal, rotary or no position encoding can run longer")
-        x = self.embedding(ids)  # [B, T, d_model]
+        x = self.embedding(ids) * self.embedding_scale  # [B, T, d_model]
         if self.position is not None:
             x = self.position(x, offset=past)
         x = self.dropout(x)

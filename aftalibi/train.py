@@ -43,7 +43,7 @@ class TrainConfig:
     learning_rate: float = field(default=6e-3, metadata={"help": "peak learning rate of AdamW (with --optimizer muon: of the parameters Muon does not take)"})
     min_learning_rate: float = field(default=0.0, metadata={"help": "learning rate of AdamW at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
     warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup from 0 to the peak"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (matrices only, not norms, biases or embeddings)"})
+    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (weights of linear layers only: not embeddings, norms, biases or position tables)"})
     optimizer: str = field(default="muon", metadata={"help": "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for the rest (needs torch >= 2.9)"})
     muon_learning_rate: float = field(default=0.012, metadata={"help": "peak learning rate of Muon's group (with --optimizer muon)"})
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradients' global norm to this (0: off)"})
@@ -154,6 +154,8 @@ def muon_parameters(model: LanguageModel) -> list[str]:
 def make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW | Optimizers:
     """AdamW for every parameter, or (optimizer="muon") Muon for `muon_parameters` and AdamW for the rest.
 
+    AdamW decays the weights of linear layers only; Muon's group has no weight decay.
+
     Each group's "peak_lr" is the peak of its schedule: the loop sets lr = peak_lr * learning_rate_factor.
     """
     if config.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
@@ -161,8 +163,12 @@ def make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.Ada
                          "upgrade torch or choose optimizer='adamw'")
     hidden = set(muon_parameters(model)) if config.optimizer == "muon" else set()
     rest = [(n, p) for n, p in model.named_parameters() if n not in hidden]
-    decay = [p for n, p in rest if p.ndim >= 2 and "embedding" not in n]
-    no_decay = [p for n, p in rest if not (p.ndim >= 2 and "embedding" not in n)]
+    # Weight decay for the matrices that multiply activations (nn.Linear weights) and nothing else:
+    # not embeddings, norms or biases, nor AFT's position tables, which decay would pull towards
+    # w = 0, i.e. towards AFT-simple.
+    linear_weights = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Linear)}
+    decay = [p for n, p in rest if id(p) in linear_weights]
+    no_decay = [p for n, p in rest if id(p) not in linear_weights]
     groups = [{"params": decay, "weight_decay": config.weight_decay, "peak_lr": config.learning_rate},
               {"params": no_decay, "weight_decay": 0.0, "peak_lr": config.learning_rate}]
     adamw = torch.optim.AdamW([group for group in groups if group["params"]], lr=config.learning_rate, betas=(0.9, 0.95))

@@ -10,16 +10,18 @@ import torch.nn.functional as F
 
 from aftalibi.__main__ import main
 from aftalibi.aft import band_of
-from aftalibi.extrapolate import (MODES, RESULTS_FORMAT, ExtrapolationConfig, NotApplicable, evaluate_lengths,
-                                  extend_to_length, load_results, results_table, run_experiment, save_results,
-                                  summarize, token_losses, window_starts)
+from aftalibi.extrapolate import (MODES, RESULTS_FORMAT, VARIANTS, ExtrapolationConfig, NotApplicable,
+                                  evaluate_lengths, evaluation_segments, extend_to_length, findings, load_results,
+                                  mean_interval, plot_extrapolation, plot_window_sweep, results_table, run_experiment,
+                                  save_results, summarize, sweep_summary, token_losses, window_starts)
 from aftalibi.model import LanguageModel, ModelConfig
 from aftalibi.train import evaluate
 
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
         "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 40
-TINY = {"train_len": 8, "factors": (1, 2, 4), "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "window": 4,
-        "steps": 3, "batch_size": 2, "warmup_steps": 1, "eval_tokens": 64, "sweep_windows": (2, 4), "sweep_seeds": (0,)}
+TINY = {"train_len": 8, "factors": (1, 2, 4), "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "window": 4, "factor_dim": 4,
+        "steps": 3, "batch_size": 2, "warmup_steps": 1, "eval_tokens": 64, "eval_segments": 2, "seeds": (0, 1),
+        "sweep_windows": (2, 4), "sweep_seeds": (0,)}
 
 
 @pytest.fixture(autouse=True)
@@ -119,8 +121,8 @@ def test_relative_extension_keeps_the_model_up_to_L_and_repeats_the_last_row(mix
 
 
 def test_evaluate_lengths_records_a_reason_instead_of_a_loss():
-    config = ExtrapolationConfig(**{**TINY, "train_len": 16, "eval_tokens": 64})
-    records = evaluate_lengths(tiny_model(position="learned"), torch.randint(0, 11, (65,)), config)
+    config = ExtrapolationConfig(**{**TINY, "train_len": 16, "eval_tokens": 128})
+    records = evaluate_lengths(tiny_model(position="learned"), torch.randint(0, 11, (2, 65)), config)
     assert [(r["length"], r["mode"], r["stride"]) for r in records] == [
         (16, "non-overlapping", 16), (16, "sliding", 4), (32, "non-overlapping", 32), (32, "sliding", 8),
         (64, "non-overlapping", 64), (64, "sliding", 16)]
@@ -129,7 +131,10 @@ def test_evaluate_lengths_records_a_reason_instead_of_a_loss():
 
 
 @pytest.mark.parametrize("change, message", [
-    ({"eval_tokens": 60}, "multiple of the longest evaluation length 32"),
+    ({"eval_tokens": 96}, "multiple of eval_segments=2 times the longest evaluation length 32"),
+    ({"seeds": (0, 0)}, "must not repeat"),
+    ({"optimizer": "sgd"}, "unknown optimizer 'sgd'"),
+    ({"factor_dim": 8}, "factor_dim=8 must be below train_len=8"),
     ({"variants": ("alibi", "mamba")}, "unknown variant"),
     ({"train_len": 0}, "train_len must be >= 1"),
     ({"slide_divisor": 3}, "must divide every evaluation length"),
@@ -141,28 +146,132 @@ def test_config_rejects_bad_values(change, message):
         ExtrapolationConfig(**{**TINY, **change})
 
 
+def test_evaluation_segments_are_spread_evenly_and_disjoint():
+    tokens = torch.arange(1000)
+    segments = evaluation_segments(tokens, 4, 99)
+    starts = segments[:, 0].tolist()
+    assert segments.shape == (4, 100) and starts[0] == 0 and segments[-1, -1] == 999
+    assert all(b - a >= 100 for a, b in zip(starts, starts[1:]))
+    assert all(torch.equal(row, torch.arange(row[0], row[0] + 100)) for row in segments)
+    with pytest.raises(ValueError, match="do not fit in 1000 tokens"):
+        evaluation_segments(tokens, 10, 100)
+    with pytest.raises(ValueError, match="1-D"):
+        evaluation_segments(tokens[None], 1, 10)
+
+
+def test_variants_match_their_parameter_counts():
+    config = ExtrapolationConfig()
+    counts = {}
+    for variant in VARIANTS:
+        model = LanguageModel(config.model_config(variant, vocab_size=70))
+        counts[variant] = model.num_parameters()
+    assert max(counts.values()) <= 1.01 * min(counts.values()), counts
+    assert config.model_config("aft-full", 70).factor_dim < config.train_len
+    unmatched = ExtrapolationConfig(match_parameters=False)
+    assert {unmatched.model_config(v, 70).d_ff for v in VARIANTS} == {unmatched.d_ff}
+    # The sweep keeps the main AFT-local model's MLP width: only the window changes.
+    assert {config.model_config("aft-local", 70, window=w).d_ff for w in (4, 128)} == {config.model_config("aft-local", 70).d_ff}
+
+
+def test_mean_interval_is_the_t_interval():
+    entry = mean_interval([1.0, 2.0, 3.0])
+    assert entry["mean"] == 2.0 and (entry["low"], entry["high"], entry["seeds"]) == (1.0, 3.0, 3)
+    assert entry["ci"] == pytest.approx(4.303 / math.sqrt(3))
+    assert mean_interval([1.5])["ci"] is None
+
+
 def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, tmp_path):
-    saved = []
+    logged = []
     config = ExtrapolationConfig(**TINY, corpus=corpus_file, variants=("mha-learned", "alibi", "aft-local"))
-    results = run_experiment(config, log=lambda line: None,
-                             checkpoint=lambda partial: saved.append((partial["complete"], len(partial["training"]))))
-    # The results so far after each of the 6 models and each sweep point (window 4 is reused, not retrained).
-    assert saved == [(False, n) for n in range(1, 7)] + [(False, 6)] * 2
+    path = tmp_path / "results" / "extrapolation.json"
+    results = run_experiment(config, path=path, command="test", log=logged.append)
+    # One line per model, seed by seed, then the sweep (window 4 is the main aft-local model's, not retrained).
+    assert [line.split(":")[0] for line in logged] == [f"{v} seed {s}" for s in (0, 1) for v in config.variants] + [
+        "sweep aft-local window 2 seed 0", "sweep aft-local window 4 seed 0"]
+    assert "the main model's" in logged[-1]
     assert results["complete"] and [r["seed"] for r in results["training"]] == [0] * 3 + [1] * 3
-    results["command"] = "test"
-    path = save_results(results, tmp_path / "results" / "extrapolation.json")
     loaded = load_results(path)
-    assert loaded == results and loaded["format"] == RESULTS_FORMAT
+    assert loaded == results and loaded["format"] == RESULTS_FORMAT and loaded["runs"][0]["command"] == "test"
+    assert loaded["runs"][0]["torch"] == torch.__version__
     assert len(loaded["evaluations"]) == 3 * 2 * 3 * len(MODES)  # variants x seeds x lengths x modes
-    assert {(r["window"], r["seed"]) for r in loaded["sweep"]} == {(2, 0), (4, 0)}
+    assert {(r["window"], r["seed"], r["reused"]) for r in loaded["sweep"]} == {(2, 0, False), (4, 0, True)}
     summary = summarize(loaded, "sliding")
     assert summary["mha-learned"][16] == {"reason": summary["mha-learned"][16]["reason"]}
     assert summary["alibi"][8]["seeds"] == 2
     assert summary["alibi"][8]["low"] <= summary["alibi"][8]["mean"] <= summary["alibi"][8]["high"]
     table = results_table(loaded, "non-overlapping").splitlines()
-    assert table[0].split() == ["variant", "T=8", "T=16", "T=32"]
+    assert table[0].split() == ["variant", "seeds", "T=8", "T=16", "T=32"]
     learned_row = next(row for row in table if row.startswith("mha-learned"))
-    assert learned_row.split()[-2:] == ["n/a", "n/a"] and "±" in learned_row
+    assert learned_row.split()[1] == "2" and learned_row.split()[-2:] == ["n/a", "n/a"] and "±" in learned_row
+
+
+def test_a_rerun_continues_the_file_and_another_configuration_is_refused(corpus_file, tmp_path, monkeypatch):
+    import aftalibi.extrapolate as extrapolate
+
+    config = ExtrapolationConfig(**TINY, corpus=corpus_file, variants=("alibi", "aft-conv"))
+    path = tmp_path / "extrapolation.json"
+    straight = run_experiment(config, path=tmp_path / "straight.json", log=lambda line: None)
+    # A run that stops after its third model (Ctrl-C, a reboot) leaves the first two saved.
+    train_model, calls = extrapolate.train_model, []
+
+    def stops_at_the_third(*args, **kwargs):
+        calls.append(args[3])
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return train_model(*args, **kwargs)
+
+    monkeypatch.setattr(extrapolate, "train_model", stops_at_the_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(config, path=path, command="first", log=lambda line: None)
+    partial = load_results(path)
+    assert not partial["complete"] and [(r["variant"], r["seed"]) for r in partial["training"]] == [("alibi", 0), ("aft-conv", 0)]
+    monkeypatch.setattr(extrapolate, "train_model", train_model)
+    continued = run_experiment(config, path=path, command="second", log=lambda line: None)
+    assert [run["command"] for run in continued["runs"]] == ["first", "second"]
+    assert continued["training"][:2] == partial["training"]  # finished work kept as it was
+    def losses(results):
+        return [(r["variant"], r["seed"], r.get("length"), r.get("mode"), r.get("window"),
+                 None if r["loss"] is None else round(r["loss"], 4)) for r in results["evaluations"] + results["sweep"]]
+
+    assert losses(continued) == losses(straight)  # and the whole is what one uninterrupted run gives
+    # Run again: every model is done and nothing is trained.
+    monkeypatch.setattr(extrapolate, "train_model", lambda *args, **kwargs: pytest.fail("a finished model was retrained"))
+    again = run_experiment(config, path=path, command="third", log=lambda line: None)
+    assert again["training"] == continued["training"] and len(again["runs"]) == 3
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match=r"another configuration \(steps: 3 there, 4 here\)"):
+        run_experiment(ExtrapolationConfig(**{**TINY, "steps": 4}, corpus=corpus_file, variants=("alibi", "aft-conv")),
+                       path=path, log=lambda line: None)
+    assert path.read_bytes() == before  # refused, not overwritten
+
+
+def test_partial_results_render(corpus_file, tmp_path, monkeypatch):
+    """What notebook 07 draws from a file the background run is still writing: some variants, no sweep."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    config = ExtrapolationConfig(**{**TINY, "seeds": (0, 1, 2)}, corpus=corpus_file,
+                                 variants=("mha-none", "mha-rotary", "alibi", "aft-local"))
+    results = run_experiment(config, log=lambda line: None)
+    keep = {("mha-none", 0), ("alibi", 0), ("alibi", 1)}
+    partial = {**results, "complete": False, "sweep": [],
+               "training": [r for r in results["training"] if (r["variant"], r["seed"]) in keep],
+               "evaluations": [r for r in results["evaluations"] if (r["variant"], r["seed"]) in keep]}
+    save_results(partial, tmp_path / "partial.json")
+    partial = load_results(tmp_path / "partial.json")
+    lines = findings(partial)
+    assert lines[0].startswith("Models finished: 3 of 12 (seeds per variant: mha-none 1, mha-rotary 0, alibi 2, aft-local 0)")
+    assert any(line.startswith("Quality: ALiBi scores") and "2 seeds" in line for line in lines)
+    assert any(line.startswith("NoPE (mha-none) at L") and "1 seed" in line for line in lines)
+    assert not any("rotary" in line and "against" in line for line in lines)  # nothing said about what is missing
+    assert sweep_summary(partial) == {}
+    assert [row.split()[:2] for row in results_table(partial, MODES[1]).splitlines()[1:]] == [["mha-none", "1"], ["alibi", "2"]]
+    plot_extrapolation(partial)
+    plot_window_sweep(partial)
+    assert findings({**partial, "training": [], "evaluations": []})[-1] == "ALiBi: not measured yet."
+    full = findings(results)
+    assert any(line.startswith("ALiBi against rotary at L") for line in full)
+    assert any(line.startswith("Window sweep at L") for line in full)
 
 
 def test_results_file_errors_name_the_problem(tmp_path):
@@ -171,39 +280,45 @@ def test_results_file_errors_name_the_problem(tmp_path):
     (tmp_path / "broken.json").write_text("{", encoding="utf-8")
     with pytest.raises(ValueError, match="not a JSON file"):
         load_results(tmp_path / "broken.json")
-    good = {"format": RESULTS_FORMAT, "command": "x", "complete": True, "config": {}, "date": "2026-01-01", "wall_seconds": 1.0,
-            "python": "3.12", "torch": "2.13", "training": [], "evaluations": [], "sweep": []}
+    good = {"format": RESULTS_FORMAT, "complete": True, "config": {}, "wall_seconds": 1.0, "device": "cpu",
+            "extension": None, "runs": [], "training": [], "evaluations": [], "sweep": []}
     broken = {
-        "other format": {**good, "format": "something else"},
+        "other format": {**good, "format": "aftalibi-extrapolation-v1"},
         "'wall_seconds' must be of type number": {**good, "wall_seconds": "long"},
         "either a loss or a reason": {**good, "evaluations": [
             {"variant": "alibi", "seed": 0, "length": 8, "mode": "sliding", "stride": 2, "loss": None, "reason": None}]},
-        "exactly the fields": {**good, "sweep": [{"window": 4}]},
+        "every sweep record needs exactly the fields": {**good, "sweep": [{"window": 4}]},
+        "every run needs exactly the fields": {**good, "runs": [{"command": "x"}]},
     }
     for message, results in broken.items():
         path = tmp_path / "bad.json"
         path.write_text(json.dumps(results), encoding="utf-8")
         with pytest.raises(ValueError, match="not extrapolation results" if message == "other format" else message):
             load_results(path)
-    with pytest.raises(ValueError, match="'command' must be of type str"):
-        save_results({**good, "command": None}, tmp_path / "unsaved.json")
+    with pytest.raises(ValueError, match="'runs' must be of type list"):
+        save_results({**good, "runs": None}, tmp_path / "unsaved.json")
+    assert not (tmp_path / "unsaved.json").exists()
 
 
 def test_command_line_runs_end_to_end(corpus_file, tmp_path, capsys):
     out = tmp_path / "extrapolation.json"
     argv = ["extrapolate", "--corpus", corpus_file, "--train-len", "8", "--factors", "1", "2", "--d-model", "16",
-            "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--steps", "2", "--batch-size", "2",
-            "--warmup-steps", "1", "--eval-tokens", "32", "--variants", "alibi", "mha-learned", "--seeds", "0",
-            "--sweep-windows", "--threads", "1", "--out", str(out)]
+            "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--factor-dim", "4", "--steps", "2",
+            "--batch-size", "2", "--warmup-steps", "1", "--eval-tokens", "32", "--eval-segments", "2",
+            "--variants", "alibi", "mha-learned", "--seeds", "0", "--sweep-windows", "--threads", "1", "--out", str(out)]
     assert main(argv) == 0
     results = load_results(out)
-    assert results["command"].startswith("python -m aftalibi extrapolate --corpus")
+    assert results["runs"][0]["command"] == "python -m aftalibi " + " ".join(argv)
     assert results["complete"] and results["sweep"] == [] and results["config"]["variants"] == ["alibi", "mha-learned"]
     assert "wrote" in capsys.readouterr().out
+    assert main(argv) == 0  # the same command again: continues the file, which has nothing left to do
+    assert "continuing" in capsys.readouterr().out and len(load_results(out)["runs"]) == 2
+    assert main([*argv[:-2], "--steps", "3", "--out", str(out)]) == 2
+    assert "holds results of another configuration (steps: 2 there, 3 here)" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--eval-tokens", "1000"], "eval_tokens=1000 must be a multiple of the longest evaluation length 2048"),
+    (["--eval-tokens", "1000"], "eval_tokens=1000 must be a multiple of eval_segments=8 times the longest evaluation length 2048"),
     (["--threads", "0"], "--threads must be >= 1, got 0"),
     (["--train-len", "0"], "train_len must be >= 1, got 0"),
     (["--slide-divisor", "3"], "slide_divisor=3 must divide every evaluation length"),

@@ -90,3 +90,63 @@ def test_aft_with_absolute_biases_is_bounded_by_max_len(mixer):
     model = LanguageModel(small(mixer=mixer, max_len=8, window=4))
     with pytest.raises(ValueError, match=f"max_len=8 of the absolute positions of {mixer}"):
         model(torch.zeros(1, 9, dtype=torch.long))
+
+
+# Fairness between mixers: the same initial scale in the residual stream and the same weight decay rule.
+
+def linear_outputs_into_residual(block, d_model: int) -> list[torch.nn.Linear]:
+    """Found by shape and order, independently of `residual_projections`: the last linear layer of the
+    mixer, and of the MLP, that outputs d_model features."""
+    def last_linear(module):
+        return [m for m in module.modules() if isinstance(m, torch.nn.Linear) and m.out_features == d_model][-1]
+    return [last_linear(block.mixer), last_linear(block.mlp)]
+
+
+def test_every_mixer_writes_into_the_residual_stream_at_the_same_initial_scale():
+    n_layers, expected = 3, 0.02 / math.sqrt(2 * 3)
+    for mixer, position in VARIANTS:
+        torch.manual_seed(0)
+        model = LanguageModel(small(mixer=mixer, position=position, d_model=64, d_ff=256, n_layers=n_layers, window=8))
+        for block in model.blocks:
+            projections = block.residual_projections()
+            assert list(projections) == linear_outputs_into_residual(block, 64), mixer
+            for layer in projections:
+                std = layer.weight.std().item()
+                assert abs(std - expected) < 0.1 * expected, f"{mixer}: output projection std {std:.4f}, expected {expected:.4f}"
+            others = [m for m in block.modules() if isinstance(m, torch.nn.Linear) and m not in projections]
+            for layer in others:  # every other linear layer keeps GPT-2's 0.02
+                assert abs(layer.weight.std().item() - 0.02) < 0.002, mixer
+
+
+@pytest.mark.parametrize("mixer,position", VARIANTS)
+def test_weight_decay_reaches_linear_weights_only(mixer, position):
+    from aftalibi.train import TrainConfig, make_optimizer
+
+    model = LanguageModel(small(mixer=mixer, position=position, max_len=32, window=4))
+    optimizer = make_optimizer(model, TrainConfig(optimizer="adamw", weight_decay=0.1))
+    decay_of = {id(p): group["weight_decay"] for group in optimizer.param_groups for p in group["params"]}
+    linear_weights = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    assert len(decay_of) == len(list(model.parameters()))  # every parameter in exactly one group
+    for name, parameter in model.named_parameters():
+        expected = 0.1 if id(parameter) in linear_weights else 0.0
+        assert decay_of[id(parameter)] == expected, f"{name}: weight decay {decay_of[id(parameter)]}, expected {expected}"
+    position_tables = [n for n, _ in model.named_parameters() if n.rsplit(".", 1)[1] in ("u", "v", "band", "kernel", "gamma", "beta")]
+    assert (mixer in ("aft-full", "aft-local", "aft-conv")) == bool(position_tables)
+    assert all(decay_of[id(p)] == 0.0 for n, p in model.named_parameters() if n in position_tables)
+
+
+def test_aft_full_factorises_its_biases_with_factor_dim():
+    model = LanguageModel(small(mixer="aft-full", max_len=64, factor_dim=8))
+    layer = model.blocks[0].mixer.layer
+    assert layer.u.shape == layer.v.shape == (64, 8)
+    with pytest.raises(ValueError, match="factor_dim must be >= 1"):
+        small(mixer="aft-full", factor_dim=0)
+
+
+def test_paper_sinusoids_scale_the_embeddings_and_stay_as_large():
+    torch.manual_seed(0)
+    faint, paper = (LanguageModel(small(position=p, d_model=64)) for p in ("sinusoidal", "sinusoidal-paper"))
+    assert faint.embedding_scale == 1.0 and paper.embedding_scale == math.sqrt(64)
+    assert faint.position.amplitude == 0.02 and paper.position.amplitude == 1.0
+    embedded = paper.embedding.weight * paper.embedding_scale
+    assert 0.5 < paper.position.amplitude / embedded.pow(2).mean().sqrt().item() < 10  # same order, not 50x smaller
