@@ -12,8 +12,8 @@ from torch import Tensor
 
 from .attention import check_tensor
 from .aft_kernels import (AFT_KERNELS, SHIFT_HEADROOM, accumulation_dtype, aft_kernel, aft_local_kernel, chunked_band,
-                          default_aft_kernel, from_blocks, key_shifts, outside_autocast, ratio, row_shifts,
-                          selected_aft_kernel, to_blocks)
+                          default_aft_kernel, from_blocks, key_shifts, outside_autocast, ratio,
+                          recompute_in_backward, row_shifts, selected_aft_kernel)
 
 # %% auto #0
 __all__ = ['check_key_padding_mask', 'aft_reference', 'aft_full', 'band_of', 'aft_local', 'conv_band', 'aft_conv', 'aft_simple',
@@ -85,24 +85,30 @@ def _aft_full_products(q: Tensor, k: Tensor, v: Tensor, w: Tensor, causal: bool,
     end, so that keys rising along time never underflow an earlier block (the keys are then
     exponentiated once per query block: `[n, T, B, d]`, n <= 16).
     """
-    batch, length, d = q.shape
+    length = q.shape[1]
     if length == 0:
         return q * 0.0
     acc = accumulation_dtype(q.dtype)
     keys = k.to(acc)
     if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
         keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
+    block = max(64, -(-length // 16)) if causal else length  # L
+    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=selected_aft_kernel(q.device) == "cpu-chunked")
+    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:  # the CPU path only
+        return _aft_full_products(q.double(), k.double(), v.double(), w.double(), causal, key_padding_mask).to(q.dtype)
+    shift = shift.transpose(0, 1)[:, None]  # [n, 1, B, d]
+    return recompute_in_backward(_products, q, keys, v, w, shift, causal, block)  # autograd keeps the inputs only
+
+
+def _products(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, shift: Tensor, causal: bool, block: int) -> Tensor:
+    """The body of `_aft_full_products`, given the keys (-inf at padding) and their shifts `[n, 1, B, d]`."""
+    batch, length, d = q.shape
+    n_blocks, acc = shift.shape[0], shift.dtype
     allowed = torch.ones(length, length, dtype=torch.bool, device=q.device)
     if causal:
         allowed = allowed.tril()
     w = w.to(acc)
     exp_w = torch.exp(w.masked_fill(~allowed, float("-inf")) - row_shifts(w, allowed, outside_window=False))  # [T, T]
-    block = max(64, -(-length // 16)) if causal else length  # L
-    n_blocks = -(-length // block)
-    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=selected_aft_kernel(q.device) == "cpu-chunked")
-    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:  # the CPU path only
-        return _aft_full_products(q.double(), k.double(), v.double(), w.double(), causal, key_padding_mask).to(q.dtype)
-    shift = shift.transpose(0, 1)[:, None]  # [n, 1, B, d]
     # e^{K - c_j} for query block j; a key after the block may exceed the head-room, but meets e^{-inf} = 0 in exp_w
     weights = torch.exp((keys.transpose(0, 1) - shift).clamp_max(SHIFT_HEADROOM[acc]))  # [n, T, B, d]
     terms = torch.cat([weights * v.to(acc).transpose(0, 1), weights], dim=-1)  # [n, T, B, 2d]

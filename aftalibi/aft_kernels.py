@@ -11,12 +11,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 # %% auto #0
 __all__ = ['AFT_KERNELS', 'SHIFT_HEADROOM', 'default_aft_kernel', 'aft_kernel', 'selected_aft_kernel', 'accumulation_dtype',
            'outside_autocast', 'skew', 'unskew', 'band_entries', 'crop_band', 'row_shifts', 'decayed_carry',
            'monotone_shift', 'key_shifts', 'to_blocks', 'from_blocks', 'later_blocks', 'ratio', 'band_matrices',
-           'chunked_band', 'aft_local_chunked', 'aft_local_kernel']
+           'chunked_band', 'recompute_in_backward', 'aft_local_chunked', 'aft_local_kernel']
 
 # %% ../notebooks/08_aft_kernels.ipynb #71e5b8c0
 AFT_KERNELS = ("cpu-chunked", "gpu-chunked")
@@ -288,6 +289,26 @@ def chunked_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, cau
         return chunked_band(q.double(), k.double(), v.double(), band.double(), window, causal,
                             key_padding_mask).to(q.dtype)
     shift = shift.view(batch, n_blocks, groups, -1).permute(2, 1, 0, 3)[:, :, None]  # [G, n, 1, B, k]
+    return recompute_in_backward(_mix_in_blocks, q, k, v, band, shift, key_padding_mask, window, block, causal)
+
+
+def recompute_in_backward(function, *args):
+    """`function(*args)`, keeping only its inputs for the backward pass, which runs it again
+    (`torch.utils.checkpoint`): what autograd saves stays the size of the inputs."""
+    if torch.is_grad_enabled():
+        return checkpoint(function, *args, use_reentrant=False)
+    return function(*args)
+
+
+def _mix_in_blocks(q: Tensor, k: Tensor, v: Tensor, band: Tensor, shift: Tensor, key_padding_mask: Tensor | None,
+                   window: int, block: int, causal: bool) -> Tensor:
+    """The body of `chunked_band`, given the key shifts `[G, n, 1, B, k]`."""
+    batch, length, d = q.shape
+    groups, n_blocks = band.shape[0], shift.shape[1]
+    acc = shift.dtype
+    keys = k.to(acc)
+    if key_padding_mask is not None:
+        keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
     keys = to_blocks(keys, n_blocks, block, groups, fill=float("-inf"))  # [G, n, L, B, k]
     values = to_blocks(v.to(acc), n_blocks, block, groups)  # [G, n, L, B, c]
     channels = values.shape[-1]
