@@ -51,9 +51,9 @@ def _check_window(window) -> int:
 # %% ../notebooks/02_aft.ipynb #849e2f50
 def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *, causal: bool = False,
                   key_padding_mask: Tensor | None = None) -> Tensor:
-    """The AFT equation computed literally with a `[B, T, T, d]` tensor: the test oracle.
+    r"""The AFT equation computed literally with a `[B, T, T, d]` tensor: the test oracle.
 
-    Y_t = sigmoid(Q_t) * sum_t' exp(K_t' + w_tt') V_t' / sum_t' exp(K_t' + w_tt').
+    :math:`Y_t = \sigma(Q_t) \odot \sum_{t'} e^{K_{t'} + w_{t,t'}} \odot V_{t'} / \sum_{t'} e^{K_{t'} + w_{t,t'}}`.
     `w` is `[T, T]` (one bias per pair) or `[G, T, T]` (one per group of d/G channels, AFT-conv's
     heads); None means w = 0 (AFT-simple). Rows with no key to use give 0.
     """
