@@ -284,14 +284,14 @@ def local_inputs(batch, length, d, window, seed, padded):
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("length,window", [(66, 3), (9, 3), (6, 9), (65, 1)])
 def test_fast_local_backward_passes_gradcheck(length, window, causal):
-    from aftalibi.aft import _aft_local_fast
+    from aftalibi.aft_kernels import aft_local_chunked
     generator = torch.Generator().manual_seed(length + window)
     qkv = torch.randn(2, length, 3, dtype=float64, generator=generator, requires_grad=True)  # d = 1
     band = torch.randn(length, 2 * window - 1, dtype=float64, generator=generator, requires_grad=True)
     mask = random_padding(2, length, generator)
     mask[1, : length // 2] = True  # left padding, and rows with no key yet (causal)
     # fast_mode checks random projections of the Jacobian: several blocks stay quick
-    assert torch.autograd.gradcheck(lambda qkv, band: _aft_local_fast(qkv, band, window, causal, mask), (qkv, band),
+    assert torch.autograd.gradcheck(lambda qkv, band: aft_local_chunked(qkv, band, window, causal, mask), (qkv, band),
                                     fast_mode=length > 64)
 
 
@@ -384,7 +384,7 @@ def test_autocast_leaves_the_mixing_in_float32(op):
 def test_kept_buffers_give_the_recomputed_gradients(monkeypatch):
     """Short sequences keep the forward pass's sums for the backward pass (`_KEEP_BYTES`): the same
     gradients as recomputing them, and a second backward pass (retain_graph) recomputes."""
-    import aftalibi.aft as aft_module
+    import aftalibi.aft_kernels as aft_module
 
     generator = torch.Generator().manual_seed(12)
     q, k, v = (torch.randn(5, 150, 8, generator=generator, requires_grad=True) for _ in range(3))

@@ -1,0 +1,202 @@
+"""The AFT kernels: selection, and the loop-free blockwise path ("gpu-chunked") forced on CPU tensors
+against the float64 reference of the AFT equation, at numeric extremes, with a dispatch count that
+does not grow with the sequence or the batch, and under torch.compile with no graph break."""
+
+import collections
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from aftalibi.aft import (AFT_KERNELS, AFTConv, AFTFull, AFTLocal, AFTSimple, aft_conv, aft_full, aft_kernel, aft_local,
+                          aft_reference, aft_simple, default_aft_kernel)
+from aftalibi.aft_kernels import selected_aft_kernel
+
+float64 = torch.float64
+GPU = "gpu-chunked"
+
+
+def local_bias(w, window):
+    """AFT-local's w' as a dense [T, T]: w inside the window, 0 outside."""
+    distance = torch.arange(w.shape[0])[:, None] - torch.arange(w.shape[0])[None, :]
+    return torch.where(distance.abs() < window, w, torch.zeros_like(w))
+
+
+def conv_bias(kernel, length, causal):
+    """AFT-conv's kernel as dense [h, T, T] biases: w_{t, t - j + centre} = kernel[:, j], 0 elsewhere."""
+    heads, window = kernel.shape
+    centre = 0 if causal else (window - 1) // 2
+    offset = torch.arange(length)[:, None] - torch.arange(length)[None, :] + centre  # j = t - t' + centre
+    inside = (offset >= 0) & (offset < window)
+    return torch.where(inside, kernel[:, offset.clamp(0, window - 1)], torch.zeros(()).to(kernel))
+
+
+def run_op(op, q, k, v, w, kernel, window, causal, mask):
+    """One AFT op and the float64 reference on the same inputs (k of AFT-conv: its first h channels)."""
+    heads = kernel.shape[0]
+    if op == "local":
+        return (aft_local(q, k, v, w, window, causal=causal, key_padding_mask=mask),
+                lambda q, k, v, w, kernel: aft_reference(q, k, v, local_bias(w, window), causal=causal,
+                                                         key_padding_mask=mask))
+    if op == "full":
+        return (aft_full(q, k, v, w, causal=causal, key_padding_mask=mask),
+                lambda q, k, v, w, kernel: aft_reference(q, k, v, w, causal=causal, key_padding_mask=mask))
+    if op == "simple":
+        return (aft_simple(q, k, v, causal=causal, key_padding_mask=mask),
+                lambda q, k, v, w, kernel: aft_reference(q, k, v, causal=causal, key_padding_mask=mask))
+    return (aft_conv(q, k[..., :heads], v, kernel, causal=causal, key_padding_mask=mask),
+            lambda q, k, v, w, kernel: aft_reference(q, k[..., :heads].repeat_interleave(q.shape[-1] // heads, -1), v,
+                                                     conv_bias(kernel, q.shape[1], causal), causal=causal,
+                                                     key_padding_mask=mask))
+
+
+def test_kernel_selection():
+    assert AFT_KERNELS == ("cpu-chunked", "gpu-chunked")
+    assert default_aft_kernel("cpu") == "cpu-chunked" and default_aft_kernel(torch.device("cuda")) == GPU
+    assert selected_aft_kernel("cpu") == "cpu-chunked"
+    with aft_kernel(GPU):
+        assert selected_aft_kernel("cpu") == GPU
+        with aft_kernel("cpu-chunked"):
+            assert selected_aft_kernel("meta") == "cpu-chunked"
+        assert selected_aft_kernel("cpu") == GPU
+    assert selected_aft_kernel("cpu") == "cpu-chunked"
+    with pytest.raises(ValueError, match="cpu-chunked, gpu-chunked"):
+        with aft_kernel("flash"):
+            pass
+
+
+@settings(max_examples=40, deadline=None)
+@given(op=st.sampled_from(["local", "full", "simple", "conv"]), batch=st.integers(1, 2), length=st.integers(1, 150),
+       window=st.integers(1, 70), heads=st.sampled_from([1, 2]), causal=st.booleans(), padded=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_every_variant_and_its_gradients_equal_the_float64_reference(op, batch, length, window, heads, causal, padded,
+                                                                    seed):
+    generator = torch.Generator().manual_seed(seed)
+    d = 4
+    q, k, v = (torch.randn(batch, length, d, dtype=float64, generator=generator, requires_grad=True) for _ in range(3))
+    w = torch.randn(length, length, dtype=float64, generator=generator, requires_grad=True)
+    kernel = torch.randn(heads, window, dtype=float64, generator=generator, requires_grad=True)
+    mask = None
+    if padded:
+        mask = torch.rand(batch, length, generator=generator) < 0.3
+        mask[0, : length // 2] = True  # rows with no key yet (causal), a fully padded row when T = 1
+    inputs = (q, k, v, w, kernel)
+    with aft_kernel(GPU):
+        ours, reference = run_op(op, q, k, v, w, kernel, window, causal, mask)
+    expected = reference(*inputs)
+    torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
+    upstream = torch.randn(ours.shape, dtype=float64, generator=generator)
+    grads = torch.autograd.grad((ours * upstream).sum(), inputs, allow_unused=True)
+    want = torch.autograd.grad((expected * upstream).sum(), inputs, allow_unused=True)
+    for name, got, wanted in zip(["q", "k", "v", "w", "kernel"], grads, want):
+        if wanted is None:
+            continue
+        got = torch.zeros_like(wanted) if got is None else got
+        torch.testing.assert_close(got, wanted, rtol=1e-9, atol=1e-9, msg=lambda m: f"grad of {name}: {m}")
+
+
+def extreme(kind, length=300, d=4):
+    generator = torch.Generator().manual_seed(5)
+    q, k, v = torch.randn(3, 2, length, d, dtype=float64, generator=generator)
+    w = torch.randn(length, length, dtype=float64, generator=generator)
+    if kind == "keys rise along time":  # by 300 over the sequence: a max over the future underflows the start
+        k = k + torch.arange(length, dtype=float64)[:, None]
+    elif kind == "huge keys":
+        k = 1e4 + k
+    elif kind == "a jump of 1e4 between blocks":
+        k[:, 128:] += 1e4
+    elif kind == "keys fall along time":
+        k = k - torch.arange(length, dtype=float64)[:, None]
+    elif kind == "huge biases":
+        w = 60 * w
+    return q, k, v, w
+
+
+@pytest.mark.parametrize("kind", ["keys rise along time", "huge keys", "a jump of 1e4 between blocks",
+                                  "keys fall along time", "huge biases"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("op", ["local", "full", "simple", "conv"])
+def test_extremes_stay_finite_and_exact(kind, causal, op):
+    q, k, v, w = extreme(kind)
+    kernel = (60 if kind == "huge biases" else 1) * torch.randn(2, 9, dtype=float64)
+    _, reference = run_op(op, q, k, v, w, kernel, 9, causal, None)
+    for dtype, tolerance in [(float64, 1e-9), (torch.float32, 1e-4)]:
+        inputs = [x.to(dtype).requires_grad_() for x in (q, k, v, w, kernel)]
+        with aft_kernel(GPU):
+            got, _ = run_op(op, *inputs, 9, causal, None)
+        grads = torch.autograd.grad(got.square().sum(), inputs, allow_unused=True)
+        assert torch.isfinite(got).all() and all(g is None or torch.isfinite(g).all() for g in grads), kind
+        # against the reference of the same (rounded) inputs: float32 keys near 1e4 keep 3 decimals
+        expected = reference(*(x.detach().double() for x in inputs))
+        error = (got.double() - expected).abs().max().item()
+        assert error < tolerance, f"{op} {kind} {dtype}: error {error:.2e} >= {tolerance}"
+
+
+@pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
+@pytest.mark.parametrize("op", ["local", "full", "simple", "conv"])
+def test_low_precision_accumulates_in_float32(op, dtype, tolerance):
+    q, k, v, w = extreme("none", length=200, d=8)
+    kernel = torch.randn(2, 9, dtype=float64)
+    low = [x.to(dtype) for x in (4 * q, 4 * k, v, 2 * w, kernel)]
+    with aft_kernel(GPU):
+        got, _ = run_op(op, *low, 9, True, None)
+    _, reference = run_op(op, *(x.double() for x in low), 9, True, None)
+    expected = reference(*(x.double() for x in low))
+    assert got.dtype == dtype and torch.isfinite(got).all()
+    error = (got.double() - expected).abs().max().item()
+    assert error < tolerance, f"{op} {dtype}: error {error:.2e} >= {tolerance}"
+
+
+def make_layer(name, d_model=8, max_len=4096):
+    torch.manual_seed(0)
+    return {"simple": lambda: AFTSimple(d_model), "full": lambda: AFTFull(d_model, max_len),
+            "local": lambda: AFTLocal(d_model, max_len, 4), "conv": lambda: AFTConv(d_model, 2, 4)}[name]()
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.counts = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.counts[str(func)] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def dispatched_ops(layer, batch, length, padded):
+    layer.zero_grad(set_to_none=True)  # the same gradient accumulation (into None) on every call
+    x = torch.randn(batch, length, layer.d_model, requires_grad=True)
+    mask = (torch.rand(batch, length) < 0.1) if padded else None
+    with aft_kernel(GPU), CountOps() as counter:
+        layer(x, key_padding_mask=mask).sum().backward()
+    return counter.counts
+
+
+@pytest.mark.parametrize("name", ["simple", "full", "local", "conv"])
+def test_dispatched_ops_do_not_grow_with_length_or_batch(name):
+    """No loop whose trip count depends on T or B: one fwd+bwd dispatches the same ATen ops."""
+    layer = make_layer(name)
+    short = dispatched_ops(layer, 1, 256, padded=True)
+    assert dispatched_ops(layer, 1, 4096 if name != "full" else 2048, padded=True) == short
+    assert dispatched_ops(layer, 8, 256, padded=True) == short
+    assert not any("item" in op or "local_scalar_dense" in op for op in short), "a host-device sync"
+
+
+@pytest.mark.parametrize("name", ["simple", "full", "local", "conv"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+def test_compiles_into_one_graph(name, causal):
+    torch._dynamo.reset()
+    layer = make_layer(name, max_len=32)
+    layer.causal = causal
+    x = torch.randn(2, 20, 8, requires_grad=True)
+    mask = torch.zeros(2, 20, dtype=torch.bool)
+    mask[1, :5] = True
+    with aft_kernel(GPU):
+        expected = layer(x, key_padding_mask=mask)
+        compiled = torch.compile(layer, backend="eager", fullgraph=True)
+        out = compiled(x, key_padding_mask=mask)
+        out.sum().backward()
+    torch.testing.assert_close(out, expected)
+    assert torch.isfinite(x.grad).all()
