@@ -448,8 +448,11 @@ def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True)
     if not enabled:
         yield
         return
+    import threading
+
     from labml import experiment, lab
     from labml.internal.logger import logger_singleton
+    from labml.internal.tracker.writers.file import FileWriterThread
 
     lab.configure({"experiments_path": str((out_dir / "labml").resolve())})
     logger = logger_singleton()
@@ -461,6 +464,10 @@ def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True)
             yield
     finally:
         del logger.log
+        # labml's file writer is a thread of its own: the record is complete when the run returns.
+        for thread in threading.enumerate():
+            if isinstance(thread, FileWriterThread):
+                thread.join(timeout=10)
 
 # %% ../notebooks/06_train.ipynb #59069514
 def train(model_config: dict | None = None, config: TrainConfig | None = None, *, resume: bool = False,
