@@ -313,6 +313,7 @@ d = { 'settings': { 'branch': 'main',
                                 'aftalibi.train.resumed_settings': ('train.html#resumed_settings', 'aftalibi/train.py'),
                                 'aftalibi.train.sample_windows': ('train.html#sample_windows', 'aftalibi/train.py'),
                                 'aftalibi.train.save_checkpoint': ('train.html#save_checkpoint', 'aftalibi/train.py'),
+                                'aftalibi.train.saved_model_options': ('train.html#saved_model_options', 'aftalibi/train.py'),
                                 'aftalibi.train.select_device': ('train.html#select_device', 'aftalibi/train.py'),
                                 'aftalibi.train.train': ('train.html#train', 'aftalibi/train.py'),
                                 'aftalibi.train.training_precision': ('train.html#training_precision', 'aftalibi/train.py')}}}

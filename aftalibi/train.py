@@ -23,9 +23,9 @@ from .model import LanguageModel, ModelConfig, generate
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'RESUMABLE', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device',
            'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers',
            'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
-           'model_from_checkpoint', 'resumed_settings', 'check_new_run', 'Distributed', 'process_group',
-           'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory', 'check_attention_memory', 'Progress',
-           'labml_run', 'train']
+           'saved_model_options', 'model_from_checkpoint', 'resumed_settings', 'check_new_run', 'Distributed',
+           'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory',
+           'check_attention_memory', 'Progress', 'labml_run', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
@@ -270,10 +270,18 @@ def load_checkpoint(path: Path) -> dict:
     return state
 
 
+def saved_model_options(state: dict) -> dict:
+    """The ModelConfig options a checkpoint was trained with, older checkpoints included."""
+    options = dict(state["model_config"])
+    if options.get("mixer") == "aft-full":
+        options.setdefault("factor_dim", 128)  # AFT-full's rank before factor_dim became an option
+    return options
+
+
 def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
     """Rebuild the model and tokenizer a checkpoint was trained with."""
     try:
-        config = ModelConfig(**state["model_config"])
+        config = ModelConfig(**saved_model_options(state))
         tokenizer = CharTokenizer.from_state_dict(state["tokenizer"])
         model = LanguageModel(config)
         model.load_state_dict(state["model"])
@@ -290,7 +298,7 @@ def resumed_settings(state: dict, model_changes: dict, train_changes: dict, sour
     A resumed run is the saved run continued: any other option asked for (in `model_changes` or
     `train_changes`) must equal the saved value, or the error names each one that differs.
     """
-    saved_model = {name: value for name, value in state["model_config"].items() if name != "vocab_size"}
+    saved_model = {name: value for name, value in saved_model_options(state).items() if name != "vocab_size"}
     # A field added to TrainConfig after the checkpoint was written takes its default.
     saved_train = {**asdict(TrainConfig()), **state["train_config"]}
     conflicts = [f"{name}={value!r} (the run's: {saved[name]!r})"

@@ -10,7 +10,7 @@ import torch
 import yaml
 
 import aftalibi.train as training
-from aftalibi.data import load_corpus, random_windows
+from aftalibi.data import CharTokenizer, load_corpus, random_windows
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
 from aftalibi.train import (RESUMABLE, CheckpointError, Optimizers, Progress, TrainConfig, check_attention_memory,
                             cpu_has_bf16_matmul, learning_rate_at, learning_rate_factor, load_checkpoint, make_optimizer,
@@ -212,6 +212,17 @@ def test_bad_checkpoints_are_named(tmp_path):
         load_checkpoint(tmp_path / "other.pt")
     with pytest.raises(CheckpointError, match="incompatible"):
         model_from_checkpoint({"model_config": {"vocab_size": 5, "colour": "red"}})
+
+
+def test_a_checkpoint_from_before_factor_dim_loads_with_the_rank_it_was_trained_with():
+    """AFT-full checkpoints written before ModelConfig had factor_dim used rank 128."""
+    old_options = {"vocab_size": 7, "mixer": "aft-full", "d_model": 16, "n_layers": 1, "max_len": 8}
+    trained = LanguageModel(ModelConfig(**old_options, factor_dim=128))
+    state = {"model_config": old_options, "model": trained.state_dict(),
+             "tokenizer": CharTokenizer.from_text("abcdefg").state_dict()}
+    model, _ = model_from_checkpoint(state)
+    assert model.config.factor_dim == 128
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
 
 
 def test_resume_with_another_vocabulary_is_refused(corpus_file, tmp_path):
