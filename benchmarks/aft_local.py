@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from measure import seconds_and_peak_mib
+from measure import Projections, seconds_and_peak_mib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure the aftalibi of this checkout
 
@@ -48,15 +48,6 @@ class DenseAFTLocal(nn.Module):
         num = torch.exp(w) @ (weights * v)  # [T, T] @ [B, T, d]
         den = torch.exp(w) @ weights
         return self.out(torch.sigmoid(q) * num / den)
-
-
-class Projections(nn.Module):
-    def __init__(self, d_model: int):
-        super().__init__()
-        self.to_q, self.to_k, self.to_v, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
-
-    def forward(self, x):
-        return self.out(self.to_q(x) * self.to_k(x) * self.to_v(x))
 
 
 def make_layer(name: str, d_model: int, length: int, window: int) -> nn.Module:

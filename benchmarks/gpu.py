@@ -35,6 +35,7 @@ from aftalibi.aft import (AFTLocal, aft_conv, aft_full, aft_kernel, aft_local, a
 from aftalibi.alibi import AlibiMultiHeadAttention, alibi_attention_reference, get_slopes  # noqa: E402
 from aftalibi.attention import MultiHeadAttention  # noqa: E402
 from aftalibi.model import LanguageModel, ModelConfig  # noqa: E402
+from measure import Projections  # noqa: E402
 
 
 def synchronize(device: torch.device) -> None:
@@ -172,17 +173,6 @@ def correctness(device, quick):
 
 
 # -- 2. one layer --------------------------------------------------------------------------------
-
-class Projections(nn.Module):
-    """The four d x d projections of a mixing layer and nothing else: the floor of any such layer."""
-
-    def __init__(self, d_model: int):
-        super().__init__()
-        self.to_q, self.to_k, self.to_v, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
-
-    def forward(self, x):
-        return self.out(self.to_q(x) * self.to_k(x) * self.to_v(x))
-
 
 class FlexAlibi(nn.Module):
     """ALiBi on FlexAttention: a compiled `score_mod` adding -m_h (i - j), and a causal block mask."""

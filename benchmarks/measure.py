@@ -10,6 +10,8 @@ import resource
 import statistics
 import time
 
+import torch.nn as nn
+
 
 def current_rss_kib() -> int:
     with open("/proc/self/statm") as f:
@@ -38,3 +40,14 @@ def seconds_and_peak_mib(step, repeats: int) -> dict:
         step()
         times.append(time.perf_counter() - start)
     return {"seconds": statistics.median(times), "peak_mib": peak_mib}
+
+
+class Projections(nn.Module):
+    """The four d x d projections of a mixing layer and nothing else: the floor of any such layer."""
+
+    def __init__(self, d_model: int):
+        super().__init__()
+        self.to_q, self.to_k, self.to_v, self.out = (nn.Linear(d_model, d_model) for _ in range(4))
+
+    def forward(self, x):
+        return self.out(self.to_q(x) * self.to_k(x) * self.to_v(x))
