@@ -127,7 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     generate_parser = commands.add_parser(
         "generate", help="sample text from a trained checkpoint",
         description="Continue a prompt with a trained model. Any length can be generated: models with absolute "
-                    "positions (aft-full, aft-local, mha with learned positions) read the last max_len characters.")
+                    "positions (aft-full, aft-local, mha with learned positions) read the last max_len characters, or "
+                    "the last seq_len when they were trained on shorter windows (later positions were never trained).")
     generate_parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint.pt written by train")
     generate_parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     generate_parser.add_argument("--max-new-tokens", type=int, default=500,
@@ -135,6 +136,16 @@ def main(argv: list[str] | None = None) -> int:
     generate_parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (default: 0.8)")
     generate_parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
     generate_parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
+
+    strip_parser = commands.add_parser(
+        "strip-checkpoint", help="keep only the trained model of a checkpoint (for sharing; about a quarter of the size)",
+        description="Write the model of a training checkpoint without its optimizer state, the weights in float16 "
+                    "(or --dtype): a file that generate and model_from_checkpoint read, and that cannot be resumed.")
+    strip_parser.add_argument("checkpoint", type=Path, help="a checkpoint.pt written by train")
+    strip_parser.add_argument("out", type=Path, help="the file to write")
+    strip_parser.add_argument("--dtype", choices=["float16", "bfloat16", "float32"], default="float16",
+                              help="dtype of the stored weights (default: float16)")
+    strip_parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
 
     notebooks_parser = commands.add_parser("run-notebooks", help="execute every notebook headless (fast mode unless "
                                                                  "--full) and write the executed copies to --out")
@@ -157,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
             return train_command(args, ModelConfig, TrainConfig)
         if args.command == "generate":
             return generate_command(args)
+        if args.command == "strip-checkpoint":
+            return strip_command(args)
         if args.command == "extrapolate":
             return extrapolate_command(args, sys.argv[1:] if argv is None else argv)
         if args.command == "run-notebooks":
@@ -180,7 +193,8 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     import torch
 
     from aftalibi.model import generate
-    from aftalibi.train import PRESETS, Distributed, load_checkpoint, model_from_checkpoint, resumed_settings, train
+    from aftalibi.train import (PRESETS, Distributed, load_checkpoint, model_from_checkpoint, resumed_settings, train,
+                                trained_context)
 
     # Every check of the arguments comes before any work or file.
     for name in ("session_steps", "threads"):
@@ -217,9 +231,11 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     if result["interrupted"]:
         return 130  # the shell's code for a run stopped by Ctrl-C; no sample
     if args.sample:
-        model, tokenizer = model_from_checkpoint(load_checkpoint(Path(result["checkpoint"])))
+        state = load_checkpoint(Path(result["checkpoint"]))
+        model, tokenizer = model_from_checkpoint(state)
         prompt = tokenizer.encode("\n")[None]
-        sample = generate(model, prompt, args.sample, temperature=0.8, generator=torch.Generator().manual_seed(0))
+        sample = generate(model, prompt, args.sample, temperature=0.8, generator=torch.Generator().manual_seed(0),
+                          context_len=trained_context(state))
         print("\n--- sample ---" + tokenizer.decode(sample[0]))
     return 0
 
@@ -228,7 +244,7 @@ def generate_command(args) -> int:
     import torch
 
     from aftalibi.model import generate
-    from aftalibi.train import load_checkpoint, model_from_checkpoint
+    from aftalibi.train import load_checkpoint, model_from_checkpoint, trained_context
 
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
@@ -238,11 +254,30 @@ def generate_command(args) -> int:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.prompt:
         raise ValueError("--prompt must hold at least one character")
-    model, tokenizer = model_from_checkpoint(load_checkpoint(args.checkpoint))
+    state = load_checkpoint(args.checkpoint)
+    model, tokenizer = model_from_checkpoint(state)
     prompt = tokenizer.encode(args.prompt)[None]
+    # A model with absolute positions reads at most its training length: the positions past it were never trained.
     ids = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   generator=torch.Generator().manual_seed(args.seed))
+                   generator=torch.Generator().manual_seed(args.seed), context_len=trained_context(state))
     print(tokenizer.decode(ids[0]))
+    return 0
+
+
+def strip_command(args) -> int:
+    import torch
+
+    from aftalibi.train import load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
+
+    if args.out.exists() and not args.overwrite:
+        raise ValueError(f"{args.out} exists: choose another file, or replace it with --overwrite")
+    if args.out.resolve() == args.checkpoint.resolve():
+        raise ValueError("the output would replace the checkpoint it is made from: choose another file")
+    stripped = model_only(load_checkpoint(args.checkpoint), getattr(torch, args.dtype))
+    model_from_checkpoint(stripped)  # a file that would not load is never written
+    save_checkpoint(args.out, stripped)
+    print(f"wrote {args.out}: the model of {args.checkpoint} at step {stripped['step']}, weights in {args.dtype} "
+          f"({args.out.stat().st_size / 2 ** 20:.1f} MiB, from {args.checkpoint.stat().st_size / 2 ** 20:.1f} MiB)")
     return 0
 
 

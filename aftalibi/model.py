@@ -204,13 +204,16 @@ class LanguageModel(nn.Module):
 # %% ../notebooks/04_model.ipynb #0e65dad5
 @torch.no_grad()
 def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None, use_cache: bool = True) -> Tensor:
+             top_k: int | None = None, generator: torch.Generator | None = None, use_cache: bool = True,
+             context_len: int | None = None) -> Tensor:
     """Continue `prompt` (`[B, T]` ids) by `max_new_tokens` sampled tokens; returns `[B, T + max_new_tokens]`.
 
     temperature = 0 picks the most likely token (greedy decoding). Any length can be generated:
     a model with absolute positions (aft-full, aft-local, mha with learned positions) reads only the
-    last `max_len` tokens, as nanoGPT does; it decodes with its cache until the cache holds
-    `max_len` positions, then recomputes each token from the cropped context.
+    last `max_len` tokens, as nanoGPT does, or the last `context_len` when that is given (the
+    training length of a model trained on windows shorter than `max_len`, whose later positions
+    were never trained); it decodes with its cache until the cache holds that many positions,
+    then recomputes each token from the cropped context. `context_len` crops any model's context.
     """
     check_tensor("prompt", prompt, (None, None), "[B, T]", floating=False)
     if prompt.shape[1] < 1:
@@ -221,7 +224,10 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, tempe
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
         raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
-    limit = model.config.max_positions  # None: no limit on the context
+    if context_len is not None and context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    limits = [limit for limit in (model.config.max_positions, context_len) if limit is not None]
+    limit = min(limits, default=None)  # None: no limit on the context
     was_training = model.training
     model.eval()
     caches = model.new_caches() if use_cache else None

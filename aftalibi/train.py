@@ -23,9 +23,9 @@ from .model import LanguageModel, ModelConfig, generate
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'RESUMABLE', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device',
            'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers',
            'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
-           'saved_model_options', 'model_from_checkpoint', 'resumed_settings', 'check_new_run', 'Distributed',
-           'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory',
-           'check_attention_memory', 'Progress', 'labml_run', 'train']
+           'saved_model_options', 'trained_context', 'model_from_checkpoint', 'model_only', 'resumed_settings',
+           'check_new_run', 'Distributed', 'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens',
+           'device_memory', 'check_attention_memory', 'Progress', 'labml_run', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
@@ -278,6 +278,13 @@ def saved_model_options(state: dict) -> dict:
     return options
 
 
+def trained_context(state: dict) -> int | None:
+    """How many tokens a checkpoint's model should read when it generates: its training length if it
+    has absolute positions (those past it were never trained), else None (no limit)."""
+    config = ModelConfig(**saved_model_options(state))
+    return None if config.max_positions is None else min(config.max_positions, state["train_config"]["seq_len"])
+
+
 def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
     """Rebuild the model and tokenizer a checkpoint was trained with."""
     try:
@@ -292,12 +299,34 @@ def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
     return model, tokenizer
 
 
+
+def model_only(state: dict, dtype: torch.dtype = torch.float16) -> dict:
+    """A checkpoint cut down to a trained model, for sharing: the weights in `dtype`, the configurations,
+    the tokenizer, the step and the metrics; no optimizer or batch-generator state, so it is about a
+    quarter of the full checkpoint in float16 and cannot be resumed. `model_from_checkpoint` and
+    `generate --checkpoint` read it like a full checkpoint."""
+    if not dtype.is_floating_point:
+        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    largest = torch.finfo(dtype).max
+    weights = {}
+    for name, tensor in state["model"].items():
+        if tensor.is_floating_point():
+            if tensor.abs().max() > largest:  # e.g. float16 stops at 65504
+                raise ValueError(f"{name} holds values beyond {dtype}'s largest, {largest:g}: keep a wider dtype")
+            tensor = tensor.to(dtype)
+        weights[name] = tensor
+    kept = ("model_config", "train_config", "tokenizer", "step", "history")
+    return {**{key: state[key] for key in kept if key in state}, "model": weights}
+
 def resumed_settings(state: dict, model_changes: dict, train_changes: dict, source: Path) -> tuple[dict, TrainConfig]:
     """The model options and TrainConfig of the run saved in `state`, with `train_changes` to the RESUMABLE fields.
 
     A resumed run is the saved run continued: any other option asked for (in `model_changes` or
     `train_changes`) must equal the saved value, or the error names each one that differs.
     """
+    if "optimizer" not in state:
+        raise CheckpointError(f"{source} holds a trained model only (no optimizer state, see model_only): it can be "
+                              "sampled and evaluated, not resumed")
     saved_model = {name: value for name, value in saved_model_options(state).items() if name != "vocab_size"}
     # A field added to TrainConfig after the checkpoint was written takes its default.
     saved_train = {**asdict(TrainConfig()), **state["train_config"]}
@@ -529,6 +558,12 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
         if model_settings.max_positions is not None and length > model_settings.max_positions:
             raise ValueError(f"{name}={length} is longer than this model's max_len={model_settings.max_positions}")
+    if model_settings.max_positions is not None and eval_seq_len > config.seq_len:
+        # Positions seq_len .. max_len - 1 of an absolute-position model never receive a gradient.
+        mixer = "mha with learned positions" if model_settings.mixer == "mha" else model_settings.mixer
+        raise ValueError(f"{mixer} has absolute positions and trains only the first seq_len="
+                         f"{config.seq_len}: validation windows of eval_seq_len={eval_seq_len} would score positions "
+                         f"it never trained; use eval_seq_len=0 (= seq_len) or a seq_len of at least {eval_seq_len}")
     check_attention_memory(model_settings, config, device, distributed.world_size)
     if state is not None:
         model, tokenizer = model_from_checkpoint(state)

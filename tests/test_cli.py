@@ -204,3 +204,20 @@ def test_the_top_level_exports_the_main_api_lazily():
     light = subprocess.run([sys.executable, "-c", "import sys, aftalibi; print('torch' in sys.modules)"],
                            capture_output=True, text=True, check=True)
     assert light.stdout.strip() == "False"
+
+
+def test_strip_checkpoint_writes_a_model_that_generates_and_never_replaces_a_file(corpus_file, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    assert main(tiny_train(corpus_file, out_dir, "--max-steps", "2", "--eval-every", "2")) == 0
+    shared = tmp_path / "model.pt"
+    assert main(["strip-checkpoint", str(out_dir / "checkpoint.pt"), str(shared)]) == 0
+    assert "weights in float16" in capsys.readouterr().out
+    assert main(["generate", "--checkpoint", str(shared), "--max-new-tokens", "20"]) == 0
+    capsys.readouterr()
+    assert main(["strip-checkpoint", str(out_dir / "checkpoint.pt"), str(shared)]) == 2
+    assert "exists: choose another file, or replace it with --overwrite" in capsys.readouterr().err
+    assert main(["train", "--corpus", corpus_file, *TINY, "--out-dir", str(out_dir), "--resume"]) == 0  # the full one resumes
+    (tmp_path / "copy").mkdir()
+    (tmp_path / "copy" / "checkpoint.pt").write_bytes(shared.read_bytes())
+    assert main(["train", "--out-dir", str(tmp_path / "copy"), "--resume"]) == 2
+    assert "holds a trained model only" in capsys.readouterr().err

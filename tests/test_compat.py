@@ -21,3 +21,19 @@ def test_labml_notebook_logger_imports():
 
     module = importlib.import_module("labml.internal.logger.destinations.ipynb")
     assert hasattr(module, "IpynbDestination")
+
+
+def test_labml_logs_inside_a_jupyter_kernel():
+    # The notebooks' case: a real kernel, which renders labml's log as HTML through IPython's display.
+    import nbformat
+    from nbclient import NotebookClient
+
+    notebook = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(
+        "import aftalibi\n"
+        "from labml import logger\n"
+        "from labml.logger import Text\n"
+        "logger.log([('labml logs in this kernel', Text.success)])")])
+    NotebookClient(notebook, timeout=120, kernel_name="python3").execute()
+    outputs = notebook.cells[0].outputs
+    assert not [output for output in outputs if output.output_type == "error"], outputs
+    assert any("labml logs in this kernel" in output.get("data", {}).get("text/html", "") for output in outputs), outputs

@@ -83,10 +83,22 @@ def test_learned_positions_refuse_longer_sequences_and_name_alternatives():
 @pytest.mark.parametrize("kwargs,message", [
     ({"temperature": -1.0}, "temperature must be >= 0"),
     ({"top_k": 0}, r"top_k must be in \[1, vocab_size=30\]"),
+    ({"context_len": 0}, "context_len must be >= 1, got 0"),
 ])
 def test_bad_generation_arguments(kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(LanguageModel(small()), torch.zeros(1, 2, dtype=torch.long), 3, **kwargs)
+
+
+@pytest.mark.parametrize("options", [{"mixer": "aft-local", "window": 4, "max_len": 16}, {"mixer": "alibi"}])
+def test_generation_reads_only_the_last_context_len_tokens(options):
+    model = LanguageModel(small(**options))
+    prompt = torch.randint(0, 30, (1, 3))
+    cached, recomputed = (generate(model, prompt, 12, temperature=0, use_cache=use_cache, context_len=6)
+                          for use_cache in (True, False))
+    assert torch.equal(cached, recomputed)
+    for end in range(7, cached.shape[1]):  # every token past the first six was predicted from the 6 before it
+        assert cached[0, end] == model(cached[:, end - 6:end])[0][0, -1].argmax()
 
 
 @pytest.mark.parametrize("mixer", ["aft-full", "aft-local"])

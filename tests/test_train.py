@@ -14,8 +14,8 @@ from aftalibi.data import CharTokenizer, load_corpus, random_windows
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
 from aftalibi.train import (RESUMABLE, CheckpointError, Optimizers, Progress, TrainConfig, check_attention_memory,
                             cpu_has_bf16_matmul, learning_rate_at, learning_rate_factor, load_checkpoint, make_optimizer,
-                            model_from_checkpoint, muon_parameters, resumed_settings, sample_windows, save_checkpoint,
-                            select_device, train, training_precision)
+                            model_from_checkpoint, model_only, muon_parameters, resumed_settings, sample_windows, save_checkpoint,
+                            select_device, train, trained_context, training_precision)
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
@@ -246,7 +246,8 @@ def test_batches_drawn_on_the_device_are_the_data_modules_windows():
 
 def test_resumed_settings_are_the_saved_runs():
     saved = TrainConfig(max_steps=400, out_dir="runs/a")
-    state = {"model_config": {"vocab_size": 5, "mixer": "alibi", "d_model": 32}, "train_config": vars(saved)}
+    state = {"model_config": {"vocab_size": 5, "mixer": "alibi", "d_model": 32}, "train_config": vars(saved),
+             "optimizer": {}}
     model, config = resumed_settings(state, {}, {"eval_every": 10, "device": "cpu"}, Path("runs/a/checkpoint.pt"))
     assert model == {"mixer": "alibi", "d_model": 32} and config.max_steps == 400
     assert config.eval_every == 10 and config.device == "cpu"  # RESUMABLE: this call's
@@ -327,3 +328,49 @@ def test_a_batch_whose_attention_scores_cannot_fit_is_refused_at_once():
         check_attention_memory(model, TrainConfig(seq_len=100_000), torch.device("cpu"))
     check_attention_memory(model, TrainConfig(seq_len=256), torch.device("cpu"))
     check_attention_memory(ModelConfig(vocab_size=80, mixer="aft-simple"), TrainConfig(seq_len=100_000), torch.device("cpu"))
+
+
+def test_a_model_only_file_loads_like_its_checkpoint_and_cannot_be_resumed(corpus_file, tmp_path):
+    result = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "run"), quiet=True)
+    state = load_checkpoint(Path(result["checkpoint"]))
+    shared = tmp_path / "model.pt"
+    save_checkpoint(shared, model_only(state))
+    full, _ = model_from_checkpoint(state)
+    half, tokenizer = model_from_checkpoint(load_checkpoint(shared))
+    assert all(t.dtype == torch.float16 for t in model_only(state)["model"].values() if t.is_floating_point())
+    ids = torch.randint(0, len(tokenizer), (2, 16))
+    with torch.no_grad():
+        # float16 keeps 11 significant bits: the logits move by a few parts in a thousand at most
+        assert torch.allclose(half(ids)[0], full(ids)[0], atol=2e-2, rtol=1e-2)
+    assert load_checkpoint(shared)["history"] == state["history"]
+    assert shared.stat().st_size < Path(result["checkpoint"]).stat().st_size / 2
+    with pytest.raises(CheckpointError, match="holds a trained model only"):
+        resumed_settings(load_checkpoint(shared), {}, {}, shared)
+
+
+def test_model_only_refuses_weights_beyond_the_dtype_and_integer_dtypes():
+    state = {"model_config": {}, "train_config": {}, "tokenizer": {}, "step": 1, "history": [],
+             "model": {"huge": torch.tensor([1e6])}}
+    with pytest.raises(ValueError, match="huge holds values beyond torch.float16"):
+        model_only(state)
+    assert model_only(state, torch.float32)["model"]["huge"].item() == 1e6
+    with pytest.raises(ValueError, match="floating-point dtype"):
+        model_only(state, torch.int8)
+
+
+@pytest.mark.parametrize("model", [{"mixer": "aft-local", "window": 4}, {"mixer": "aft-full"},
+                                   {"mixer": "mha", "position": "learned"}])
+def test_absolute_positions_are_not_scored_past_the_training_length(corpus_file, tmp_path, model):
+    # Positions past seq_len never get a gradient: scoring them would report an untrained model.
+    with pytest.raises(ValueError, match=r"has absolute positions and trains only the first seq_len=16: validation "
+                                         r"windows of eval_seq_len=32 would score positions it never trained"):
+        train({**TINY_MODEL, **model, "max_len": 64}, tiny_run(corpus_file, tmp_path / "run", eval_seq_len=32), quiet=True)
+    assert not (tmp_path / "run").exists()
+    result = train({**TINY_MODEL, **model, "max_len": 64}, tiny_run(corpus_file, tmp_path / "run", eval_seq_len=0,
+                                                                  max_steps=2, eval_every=2), quiet=True)
+    assert trained_context(load_checkpoint(Path(result["checkpoint"]))) == 16  # generate reads the last 16 tokens
+
+
+def test_models_without_a_position_limit_generate_from_their_whole_context():
+    state = {"model_config": {"vocab_size": 5, "mixer": "alibi"}, "train_config": {"seq_len": 16}}
+    assert trained_context(state) is None
