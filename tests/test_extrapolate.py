@@ -3,6 +3,7 @@ training length, the results file, and the command line's bad input."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -339,3 +340,26 @@ def test_command_line_rejects_unknown_variants(capsys):
         main(["extrapolate", "--variants", "mamba"])
     assert exit_info.value.code == 2
     assert "invalid choice: 'mamba'" in capsys.readouterr().err
+
+
+def test_readme_table_is_the_committed_results():
+    """The README's train-short-test-long table quotes notebooks/results/extrapolation.json, to the digit."""
+    root = Path(__file__).resolve().parent.parent
+    results = load_results(root / "notebooks" / "results" / "extrapolation.json")
+    short = results["config"]["train_len"]
+    long = short * max(results["config"]["factors"])
+    flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
+
+    def cell(entry):
+        return f"{entry['mean']:.3f}" if "mean" in entry else "n/a"
+
+    readme = (root / "README.md").read_text()
+    rows = {}
+    for line in readme.split("## Train short, test long")[1].split("\n## ")[0].splitlines():
+        if line.startswith("| ") and not line.startswith("| variant"):
+            name, *losses = [part.strip() for part in line.strip("|").split("|")]
+            rows[name.split(" (")[0]] = losses
+    assert set(rows) == set(results["config"]["variants"])
+    for variant, losses in rows.items():
+        expected = [cell(flat[variant][short]), cell(sliding[variant][short]), cell(sliding[variant][long])]
+        assert losses == expected, f"README row {variant}: {losses}, results file: {expected}"
