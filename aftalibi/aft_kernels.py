@@ -129,13 +129,30 @@ def _decayed_prefix(x: Tensor, shift: Tensor, lag: int, dim: int) -> Tensor:
     return out
 
 
-def decayed_carry(x: Tensor, shift: Tensor, lag: int, dim: int, reverse: bool = False) -> Tensor:
+def _decayed_prefix_loop(x: Tensor, shift: Tensor, lag: int, dim: int) -> Tensor:
+    """`_decayed_prefix` as the recurrence S_j = S_{j-1} e^{shift_{j-1} - shift_j} + x_j, one step per
+    block: every factor is at most 1, so the dtype of x suffices. For the CPU path (few blocks)."""
+    x, shift = x.movedim(dim, 0), shift.movedim(dim, 0)
+    factors = torch.exp(shift[:-1] - shift[1:]).to(x.dtype)  # e^{c_{j-1} - c_j} <= 1
+    running = torch.empty_like(x)  # S_j = sum_{i <= j} x_i e^{c_i - c_j}
+    running[0] = x[0]
+    for j in range(1, x.shape[0]):
+        torch.addcmul(x[j], running[j - 1], factors[j - 1], out=running[j])
+    out = torch.zeros_like(x)
+    if lag < x.shape[0]:  # block j takes S_{j - lag}, brought from c_{j - lag} to c_j
+        out[lag:] = running[:-lag] * torch.exp(shift[:-lag] - shift[lag:]).to(x.dtype)
+    return out.movedim(0, dim)
+
+
+def decayed_carry(x: Tensor, shift: Tensor, lag: int, dim: int, reverse: bool = False, loop: bool = False) -> Tensor:
     """The running totals of earlier blocks carried to block j, rescaled to its shift:
     sum_{i <= j - lag} x_i e^{shift_i - shift_j}; `reverse`: sum_{i >= j + lag} x_i e^{shift_j - shift_i},
-    the transposed map (what the backward pass carries from the last block backwards)."""
+    the transposed map (what the backward pass carries from the last block backwards). `loop`: as a
+    recurrence over the blocks (the CPU path) instead of the loop-free scan in log space."""
+    prefix = _decayed_prefix_loop if loop else _decayed_prefix
     if reverse:
-        return _decayed_prefix(x.flip(dim), -shift.flip(dim), lag, dim).flip(dim)
-    return _decayed_prefix(x, shift, lag, dim)
+        return prefix(x.flip(dim), -shift.flip(dim), lag, dim).flip(dim)
+    return prefix(x, shift, lag, dim)
 
 
 class _DecayedCarry(torch.autograd.Function):
@@ -461,7 +478,7 @@ def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blo
             sums[:-1, block - near:].add_(nearby)
     totals = terms.sum(dim=1)  # [n, c, 2d]
     if blocks.causal:  # sum_{i < j} totals_i exp(c_i - c_j), the earlier blocks
-        carry = decayed_carry(totals, _both(shift), lag=1, dim=0)
+        carry = decayed_carry(totals, _both(shift), lag=1, dim=0, loop=True)
     else:
         carry = totals.sum(dim=0, keepdim=True).expand(n, chunk, 2 * d)
     sums.addcmul_(blocks.outside[..., None], carry[:, None])
@@ -579,7 +596,8 @@ class _AFTLocalFunction(torch.autograd.Function):
             # sum_t exp(-r_t) [g | -gH]_t per block, [n, c, 2d]
             row_totals = torch.bmm(blocks.outside.transpose(1, 2), _as_matrix(grads)).view(n, size, 2 * d)
             if causal:  # later blocks, rescaled from c_i back to c_j: the forward carry transposed
-                carry = decayed_carry(row_totals, _both(shift[part].transpose(0, 1)), lag=1, dim=0, reverse=True)
+                carry = decayed_carry(row_totals, _both(shift[part].transpose(0, 1)), lag=1, dim=0, reverse=True,
+                                      loop=True)
             else:
                 carry = row_totals.sum(dim=0, keepdim=True).expand(n, size, 2 * d)
             back.add_(carry[:, None])
