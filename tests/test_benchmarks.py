@@ -1,7 +1,9 @@
-"""The GPU benchmark is one prepared script for the rare session that has a GPU: it must run there the
-first time. Its own CPU mode (small sizes, a few seconds) runs every section here, and its correctness
-section, which checks every AFT variant and the ALiBi layer against float64 on both AFT kernels, must
-pass. (Timings are printed, never asserted: see benchmarks/README.md.)"""
+"""The benchmark scripts run; their timings are printed, never asserted (see benchmarks/README.md).
+
+The GPU benchmark is one prepared script for the rare session that has a GPU, so it must work there
+the first time: its CPU mode (small sizes, a few seconds) runs every section here, and its
+correctness section, every AFT variant and the ALiBi layer against float64 on both AFT kernels, must
+pass. The commit comparison must load two versions of the package side by side."""
 
 import re
 import subprocess
@@ -22,3 +24,17 @@ def test_gpu_benchmark_runs_on_a_cpu_and_its_correctness_checks_pass():
     assert "0 correctness check(s) failed" in result.stdout
     for section in ("1. Correctness", "2. One layer", "3. Whole model"):
         assert section in result.stdout, f"section {section!r} missing:\n{result.stdout}"
+
+
+def test_commit_comparison_builds_both_packages_side_by_side():
+    """compare_commits.py exports a commit's package under another name and steps both models in one
+    process: against HEAD itself, one step of the ALiBi model is enough to show that the two load."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_commits.py"), "--base", "HEAD",
+                             "--models", "alibi", "--steps", "1", "--precision", "float32"],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^\s+alibi\s+float32\s+[\d,]+/s\s+[\d,]+/s\s+\d+\.\d{3}$", result.stdout, flags=re.MULTILINE), \
+        result.stdout
+    refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_commits.py"), "--base", "no-such-rev"],
+                             capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert refused.returncode != 0 and "--base: 'no-such-rev' is not a commit of this repository" in refused.stderr
