@@ -11,9 +11,11 @@ d x d projections (W_Q, W_K, W_V, W_O):
   expm1(w) as batched matmuls, recomputed in a hand-written backward pass);
 - projections: the four projections alone, the floor of any such layer.
 
-Time: median of --repeats fwd+bwd runs after one warm-up. Peak memory: each (layer, T) runs in a
-fresh Python process; the figure is the growth of the process's peak resident set size
-(`ru_maxrss`) over one fwd+bwd, see `measure.py`.
+Time: for each T one child process builds the layers, warms each up once, then runs --repeats
+rounds of one fwd+bwd of every layer in turn and takes each layer's median, so that a busy spell of
+a shared machine slows all of them alike. Peak memory: each (layer, T) runs in a fresh child
+process; the figure is the growth of the process's peak resident set size (`ru_maxrss`) over one
+fwd+bwd, see `measure.py`.
 """
 
 import argparse
@@ -24,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from measure import Projections, seconds_and_peak_mib
+from measure import Projections, interleaved_medians, seconds_and_peak_mib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure the aftalibi of this checkout
 
@@ -59,14 +61,22 @@ def make_layer(name: str, d_model: int, length: int, window: int) -> nn.Module:
     return Projections(d_model)
 
 
-def measure(name: str, batch: int, d_model: int, length: int, window: int, repeats: int, threads: int) -> dict:
-    """Run in a fresh process: peak memory of the first fwd+bwd, then the median time."""
-    torch.set_num_threads(threads)
+def layer_step(name: str, batch: int, d_model: int, length: int, window: int):
+    """A fresh seeded layer `name` and its input; returns one fwd+bwd step."""
     torch.manual_seed(0)
     layer = make_layer(name, d_model, length, window)
     x = torch.randn(batch, length, d_model, requires_grad=True)
-    step = lambda: layer(x).sum().backward()  # noqa: E731
-    return seconds_and_peak_mib(step, repeats)
+    return lambda: layer(x).sum().backward()
+
+
+def child(names: list[str], length: int, args) -> dict:
+    """Run in a fresh process: {name: median seconds} of the layers timed in turn (several names), or
+    {"peak_mib": ...} of one layer's first fwd+bwd (one name)."""
+    torch.set_num_threads(args.threads)
+    steps = {name: layer_step(name, args.batch, args.d_model, length, args.window) for name in names}
+    if len(names) > 1:
+        return interleaved_medians(steps, args.repeats)
+    return {"peak_mib": seconds_and_peak_mib(steps[names[0]], repeats=1)["peak_mib"]}
 
 
 def main() -> None:
@@ -78,24 +88,27 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--dense-up-to", type=int, default=4096, help="skip the dense layer above this T")
-    parser.add_argument("--worker", nargs=2, metavar=("LAYER", "T"), help=argparse.SUPPRESS)
+    parser.add_argument("--worker", nargs=2, metavar=("LAYERS", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        name, length = args.worker[0], int(args.worker[1])
-        print(json.dumps(measure(name, args.batch, args.d_model, length, args.window, args.repeats, args.threads)))
+        print(json.dumps(child(args.worker[0].split(","), int(args.worker[1]), args)))
         return
     print(f"fwd+bwd of one causal AFT-local layer, B={args.batch}, d={args.d_model}, s={args.window}, "
-          f"{args.threads} threads, float32")
+          f"{args.threads} threads, float32; median of {args.repeats} interleaved rounds")
+
+    def run(names: list[str], length: int) -> dict:
+        command = [sys.executable, __file__, "--worker", ",".join(names), str(length), "--batch", str(args.batch),
+                   "--d-model", str(args.d_model), "--window", str(args.window),
+                   "--repeats", str(args.repeats), "--threads", str(args.threads)]
+        output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        return json.loads(output.strip().splitlines()[-1])
+
     results = {}
     for length in args.lengths:
-        for name in ("dense", "fast", "projections"):
-            if name == "dense" and length > args.dense_up_to:
-                continue
-            command = [sys.executable, __file__, "--worker", name, str(length), "--batch", str(args.batch),
-                       "--d-model", str(args.d_model), "--window", str(args.window),
-                       "--repeats", str(args.repeats), "--threads", str(args.threads)]
-            output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-            results[name, length] = json.loads(output.strip().splitlines()[-1])
+        names = (["dense"] if length <= args.dense_up_to else []) + ["fast", "projections"]
+        seconds = run(names, length)  # timed side by side, interleaved
+        for name in names:
+            results[name, length] = {"seconds": seconds[name], **run([name], length)}
     print(f"{'T':>6} {'dense':>16} {'fast':>16} {'projections':>16} {'dense/fast time':>16} "
           f"{'fast/dense mem':>15} {'fast/proj':>10}")
     for length in args.lengths:

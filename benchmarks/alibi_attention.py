@@ -21,13 +21,12 @@ nothing of another measurement. Ratios are against the plain layer measured in t
 import argparse
 import json
 import math
-import statistics
 import subprocess
 import sys
 import time
 
 import torch
-from measure import seconds_and_peak_mib
+from measure import interleaved_medians, seconds_and_peak_mib
 
 
 def naive_layer(d_model: int, n_heads: int) -> torch.nn.Module:
@@ -79,19 +78,6 @@ def peak_memory(kind: str, length: int, args) -> dict:
     """Run in a fresh child process: the peak memory of the layer's first fwd + bwd step."""
     torch.set_num_threads(args.threads)
     return {"peak_mib": seconds_and_peak_mib(layer_step(kind, length, args), repeats=1)["peak_mib"]}
-
-
-def interleaved_medians(steps: dict, repeats: int) -> dict:
-    """{name: median seconds}: each step warmed up once, then `repeats` rounds calling every step in turn."""
-    for step in steps.values():
-        step()
-    times = {name: [] for name in steps}
-    for _ in range(repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def interleaved_seconds(kinds: list[str], length: int, args) -> dict:

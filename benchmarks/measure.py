@@ -42,6 +42,19 @@ def seconds_and_peak_mib(step, repeats: int) -> dict:
     return {"seconds": statistics.median(times), "peak_mib": peak_mib}
 
 
+def interleaved_medians(steps: dict, repeats: int) -> dict:
+    """{name: median seconds}: each step warmed up once, then `repeats` rounds calling every step in turn."""
+    for step in steps.values():
+        step()
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
 class Projections(nn.Module):
     """The four d x d projections of a mixing layer and nothing else: the floor of any such layer."""
 

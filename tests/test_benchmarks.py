@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -38,3 +40,23 @@ def test_commit_comparison_builds_both_packages_side_by_side():
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_commits.py"), "--base", "no-such-rev"],
                              capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert refused.returncode != 0 and "--base: 'no-such-rev' is not a commit of this repository" in refused.stderr
+
+
+@pytest.mark.parametrize("script,arguments,expected", [
+    ("attention_baseline.py", ["--lengths", "64", "--batch", "1", "--d-model", "32", "--heads", "2", "--repeats", "1"],
+     "64"),
+    ("aft_local.py", ["--lengths", "128", "256", "--batch", "1", "--d-model", "32", "--window", "8", "--repeats", "1"],
+     "fast time T=256 / T=128"),
+    ("alibi_attention.py", ["--lengths", "64", "--batch", "1", "--d-model", "32", "--heads", "2", "--repeats", "1"],
+     "alibi/plain time"),
+    ("matmul.py", ["--shape", "64", "32", "16", "--repeats", "1"], "bf16 / float32"),
+    ("train_speed.py", ["--steps", "1"], "aft-local"),
+    ("train_loop.py", ["--steps", "2", "--repeats", "1"], "overhead"),
+])
+def test_cpu_benchmarks_run_at_tiny_sizes(script, arguments, expected):
+    """Every CPU benchmark runs end to end (tiny sizes, one repeat): a script that rots is found here,
+    not by whoever next needs its figures."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *arguments],
+                            capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert expected in result.stdout, result.stdout
