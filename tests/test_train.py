@@ -2,12 +2,15 @@
 
 import json
 import math
+import os
+import traceback
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 import yaml
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import aftalibi.train as training
 from aftalibi.data import CharTokenizer, load_corpus, random_windows
@@ -374,3 +377,34 @@ def test_absolute_positions_are_not_scored_past_the_training_length(corpus_file,
 def test_models_without_a_position_limit_generate_from_their_whole_context():
     state = {"model_config": {"vocab_size": 5, "mixer": "alibi"}, "train_config": {"seq_len": 16}}
     assert trained_context(state) is None
+
+
+class LoopReads(TorchDispatchMode):
+    """Counts the values the training loop itself reads back from tensors (`.item()`, `float()`: on a
+    GPU each is a host-device sync), by the line of aftalibi that asked. Reads made inside torch's
+    optimizers are not the loop's (AdamW reads its CPU step counters), so they are left out."""
+
+    def __init__(self):
+        super().__init__()
+        self.lines = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten._local_scalar_dense.default:
+            for frame in reversed(traceback.extract_stack()):  # innermost first
+                if f"torch{os.sep}optim" in frame.filename:
+                    break
+                if f"aftalibi{os.sep}" in frame.filename:
+                    self.lines.append(f"{Path(frame.filename).name}:{frame.lineno}")
+                    break
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("max_steps,log_every", [(24, 8), (48, 16)])
+def test_the_loop_reads_from_the_device_only_when_it_reports(corpus_file, tmp_path, max_steps, log_every):
+    """No per-step host sync: the loss stays on the device between two reports, so a run reads one
+    value per report and one per evaluation, however many steps lie between."""
+    config = tiny_run(corpus_file, tmp_path, max_steps=max_steps, log_every=log_every, eval_every=max_steps,
+                      eval_windows=2)
+    with LoopReads() as reads:
+        train(TINY_MODEL, config, quiet=True)
+    assert len(reads.lines) == max_steps // log_every + 1, reads.lines  # the reports, and the final evaluation
