@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import subprocess
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 import aftalibi
-from .aft import band_of
+from .aft import AFTConv, AFTLocal, band_of
 from .data import load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
 from .train import TrainConfig, learning_rate_factor, make_optimizer, training_precision
@@ -27,7 +28,8 @@ from .train import TrainConfig, learning_rate_factor, make_optimizer, training_p
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
            'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'train_model',
            'evaluate_lengths', 'run_experiment', 'check_results', 'save_results', 'load_results', 'mean_interval',
-           'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation', 'plot_window_sweep']
+           'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation', 'plot_window_sweep',
+           'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is shared. The order is
@@ -677,3 +679,38 @@ def plot_window_sweep(results: dict):
     axis.legend()
     figure.tight_layout()
     return figure
+
+# %% ../notebooks/07_extrapolation.ipynb #090599ac
+def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
+    """rho_t, the share of each query's AFT weights sum_t' e^{K_t' + w_tt'} on keys outside the window
+    (t - t' >= s, bias 0), averaged over the batch and the channels: `[n_layers, T]` for tokens `[B, T]`.
+    Every mixer of `model` must be a causal AFT-local or AFT-conv layer. Float64, in log space."""
+    layers = [getattr(block.mixer, "layer", block.mixer) for block in model.blocks]  # AFT layers sit in an adapter
+    if not all(isinstance(layer, (AFTLocal, AFTConv)) and layer.causal for layer in layers):
+        raise ValueError("outside_window_share needs a model whose every mixer is a causal AFT-local or AFT-conv layer")
+    inputs = []  # each layer's input x, [B, T, d]
+    hooks = [layer.register_forward_pre_hook(lambda module, args: inputs.append(args[0])) for layer in layers]
+    try:
+        with torch.no_grad():
+            model(tokens)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    shares = []
+    with torch.no_grad():
+        for layer, x in zip(layers, inputs):
+            bias = None if layer.to_k.bias is None else layer.to_k.bias.double()
+            keys = F.linear(x.double(), layer.to_k.weight.double(), bias)  # [B, T, k]
+            length, window = keys.shape[1], layer.window
+            if isinstance(layer, AFTConv):  # w_{t, t-j} = kernel[head, j], one key channel per head
+                biases = layer.effective_kernel().double().T[:, None, :]  # [s, 1, h]
+            else:  # band[t, s - 1 - j] = w_{t, t-j}
+                biases = layer.band[:length, :window].flip(-1).double().T[..., None]  # [s, T, 1]
+            log_inside = torch.full_like(keys, -math.inf)
+            for j in range(min(window, length)):  # the key j positions back, with its bias
+                earlier = F.pad(keys[:, :length - j], (0, 0, j, 0), value=-math.inf)
+                log_inside = torch.logaddexp(log_inside, earlier + biases[j])
+            prefix = torch.logcumsumexp(keys, dim=1)  # log sum_{t' <= t} e^{K_t'}
+            log_outside = F.pad(prefix[:, :max(length - window, 0)], (0, 0, min(window, length), 0), value=-math.inf)
+            shares.append(torch.exp(log_outside - torch.logaddexp(log_inside, log_outside)).mean(dim=(0, 2)))
+    return torch.stack(shares)

@@ -13,8 +13,9 @@ from aftalibi.__main__ import main
 from aftalibi.aft import band_of
 from aftalibi.extrapolate import (MODES, RESULTS_FORMAT, VARIANTS, ExtrapolationConfig, NotApplicable,
                                   evaluate_lengths, evaluation_segments, extend_to_length, findings, load_results,
-                                  mean_interval, plot_extrapolation, plot_window_sweep, results_table, run_experiment,
-                                  save_results, summarize, sweep_summary, token_losses, window_starts)
+                                  mean_interval, outside_window_share, plot_extrapolation, plot_window_sweep,
+                                  results_table, run_experiment, save_results, summarize, sweep_summary, token_losses,
+                                  window_starts)
 from aftalibi.model import LanguageModel, ModelConfig
 from aftalibi.train import evaluate
 
@@ -363,3 +364,33 @@ def test_readme_table_is_the_committed_results():
     for variant, losses in rows.items():
         expected = [cell(flat[variant][short]), cell(sliding[variant][short]), cell(sliding[variant][long])]
         assert losses == expected, f"README row {variant}: {losses}, results file: {expected}"
+
+
+@pytest.mark.parametrize("mixer", ["aft-local", "aft-conv"])
+def test_outside_window_share_is_the_definition(mixer):
+    """rho_t = sum_{t' <= t - s} e^{K_t'} / sum_{t' <= t} e^{K_t' + w_tt'}, summed key by key in float64."""
+    model = tiny_model(mixer=mixer, n_layers=1, window=3)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name.endswith((".band", ".kernel", ".gamma", ".beta")):
+                parameter.normal_()
+    text = torch.randint(0, 11, (2, 16))
+    layer = model.blocks[0].mixer.layer
+    with torch.no_grad():
+        x = model.blocks[0].mixer_norm(model.embedding(text) * model.embedding_scale).double()
+        keys = F.linear(x, layer.to_k.weight.double(), layer.to_k.bias.double())  # [2, 16, k]
+        expected = torch.zeros(16, dtype=torch.float64)
+        for t in range(16):
+            w = torch.zeros(t + 1, keys.shape[-1], dtype=torch.float64)
+            for j in range(min(3, t + 1)):
+                w[t - j] = layer.effective_kernel()[:, j] if mixer == "aft-conv" else layer.band[t, 2 - j]
+            terms = torch.exp(keys[:, : t + 1] + w)
+            expected[t] = (terms[:, : max(t - 2, 0)].sum(1) / terms.sum(1)).mean()
+    share = outside_window_share(model, text)
+    assert share.shape == (1, 16)
+    torch.testing.assert_close(share[0], expected, rtol=0, atol=1e-12)
+
+
+def test_outside_window_share_needs_causal_aft_local_or_conv():
+    with pytest.raises(ValueError, match="every mixer is a causal AFT-local or AFT-conv layer"):
+        outside_window_share(tiny_model(mixer="alibi"), torch.zeros(1, 4, dtype=torch.long))
