@@ -20,7 +20,7 @@ from torch import Tensor
 
 import aftalibi
 from .aft import AFTConv, AFTLocal, band_of
-from .data import load_corpus, random_windows
+from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
 from .train import TrainConfig, learning_rate_factor, make_optimizer, training_precision
 
@@ -233,6 +233,12 @@ class ExtrapolationConfig:
                            warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, optimizer=self.optimizer,
                            muon_learning_rate=self.muon_learning_rate, precision=self.precision, seed=seed)
 
+    def validation_segments(self, corpus: Corpus) -> Tensor:
+        """The evaluation stretches of the validation plays, `[eval_segments, eval_tokens // eval_segments + 1]`."""
+        segment_len = self.eval_tokens // self.eval_segments
+        corpus.check_length(self.eval_segments * (segment_len + 1), splits=("validation",), option="eval_tokens")
+        return evaluation_segments(corpus.tokens("validation"), self.eval_segments, segment_len)
+
     def model_config(self, variant: str, vocab_size: int, window: int | None = None) -> ModelConfig:
         """The model of `variant`; with `match_parameters`, its MLP width is the one that brings its parameter count
         nearest that of `mha-none` (no position parameters) at `d_ff`, whatever the window."""
@@ -351,9 +357,7 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, command: str = "af
         log(f"continuing {path}: {len(results['training'])} models and {len(results['sweep'])} sweep points done")
     results["runs"].append(_this_run(command))
     corpus = load_corpus(config.corpus)
-    segment_len = config.eval_tokens // config.eval_segments
-    corpus.check_length(config.eval_segments * (segment_len + 1), splits=("validation",), option="eval_tokens")
-    segments = evaluation_segments(corpus.tokens("validation"), config.eval_segments, segment_len)  # [K, S + 1]
+    segments = config.validation_segments(corpus)  # [K, S + 1]
     train_tokens, vocab_size = corpus.tokens("train"), len(corpus.tokenizer)
 
     def save() -> None:

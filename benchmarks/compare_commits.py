@@ -22,11 +22,12 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import time
 from pathlib import Path
 
 import torch
-from train_speed import CONFIGURATIONS
+from train_speed import CONFIGURATIONS, timed_step
+
+from aftalibi.train import DEMO_MODEL
 
 ROOT = Path(__file__).resolve().parent.parent
 BASE = "aftalibi_base"
@@ -34,7 +35,7 @@ BASE = "aftalibi_base"
 MODELS = {
     **{name: (options, seq_len, batch, {"optimizer": "adamw"})
        for name, (options, seq_len, batch, _) in CONFIGURATIONS.items()},
-    "demo": ({"mixer": "alibi", "n_layers": 6, "d_ff": 256}, 64, 32, {}),
+    "demo": (DEMO_MODEL, 64, 32, {}),  # the CPU demo: T=64, batch 32, the default optimizer
 }
 
 
@@ -72,18 +73,6 @@ def build(package: str, name: str):
     return model, optimizer
 
 
-def step(model, optimizer, inputs, targets, bf16: bool) -> float:
-    """Seconds of one training step: forward (under bf16 autocast if asked), backward, clip, optimizer."""
-    start = time.perf_counter()
-    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-        _, loss = model(inputs, targets)
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    return time.perf_counter() - start
-
-
 def compare(name: str, steps: int, bf16: bool) -> dict[str, float]:
     """Median seconds per step of this checkout and of the base, the two alternating step by step."""
     _, seq_len, batch, _ = MODELS[name]
@@ -92,7 +81,7 @@ def compare(name: str, steps: int, bf16: bool) -> dict[str, float]:
     times = {side: [] for side in runs}
     for index in range(steps + 3):
         for side in (("this", "base") if index % 2 else ("base", "this")):  # each goes first half the time
-            seconds = step(*runs[side], inputs, targets, bf16)
+            seconds = timed_step(*runs[side], inputs, targets, bf16)
             if index >= 3:
                 times[side].append(seconds)
     return {side: statistics.median(seconds) for side, seconds in times.items()}

@@ -28,22 +28,24 @@ CONFIGURATIONS = {
 }
 
 
+def timed_step(model, optimizer, inputs, targets, bf16: bool) -> float:
+    """Seconds of one training step: forward (under bf16 autocast if asked), backward, clip, optimizer."""
+    start = time.perf_counter()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+        _, loss = model(inputs, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return time.perf_counter() - start
+
+
 def tokens_per_second(model_options: dict, seq_len: int, batch_size: int, steps: int, bf16: bool) -> float:
     torch.manual_seed(0)
     model = LanguageModel(ModelConfig(vocab_size=80, **model_options))
     optimizer = make_optimizer(model, TrainConfig(optimizer="adamw"))
     inputs, targets = torch.randint(0, 80, (2, batch_size, seq_len))
-    times = []
-    for step in range(steps + 2):
-        start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            _, loss = model(inputs, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        if step >= 2:
-            times.append(time.perf_counter() - start)
+    times = [timed_step(model, optimizer, inputs, targets, bf16) for _ in range(steps + 2)][2:]  # after 2 warm-ups
     return batch_size * seq_len / statistics.median(times)
 
 
