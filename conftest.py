@@ -2,6 +2,14 @@
 
 import os
 
+import torch
+
+# Without a GPU, the Triton kernels (the AFT kernel "triton") run in Triton's interpreter, which is
+# chosen when a kernel is defined: before aftalibi.aft_triton is imported, here and in every
+# notebook kernel, which inherits the variable.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # Notebooks run in their fast mode unless the caller asks otherwise; nbval starts each
 # notebook's kernel from this process, so the kernel inherits the variable.
 os.environ.setdefault("AFTALIBI_FAST", "1")

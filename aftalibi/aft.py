@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .attention import check_tensor
-from .aft_kernels import (AFT_KERNELS, SHIFT_HEADROOM, accumulation_dtype, aft_kernel, aft_local_kernel, chunked_band,
+from .aft_kernels import (AFT_KERNELS, SHIFT_HEADROOM, accumulation_dtype, aft_kernel, aft_local_kernel, band_kernel,
                           default_aft_kernel, from_blocks, key_shifts, outside_autocast, ratio,
                           recompute_in_backward, row_shifts, selected_aft_kernel)
 
@@ -88,6 +88,9 @@ def _aft_full_products(q: Tensor, k: Tensor, v: Tensor, w: Tensor, causal: bool,
     length = q.shape[1]
     if length == 0:
         return q * 0.0
+    if selected_aft_kernel(q.device) == "triton":  # fused, Appendix C
+        from aftalibi.aft_triton import triton_full
+        return triton_full(q, k, v, w, causal, key_padding_mask)
     acc = accumulation_dtype(q.dtype)
     keys = k.to(acc)
     if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
@@ -174,7 +177,7 @@ def aft_conv(q: Tensor, k: Tensor, v: Tensor, kernel: Tensor, *, causal: bool = 
     window = _check_window(kernel.shape[1])
     key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
     # one key channel per group of d / h channels: a head's key shared by its channels
-    return chunked_band(q, k, v, conv_band(kernel, length, causal), window, causal, key_padding_mask)
+    return band_kernel(q, k, v, conv_band(kernel, length, causal), window, causal, key_padding_mask)
 
 
 def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -183,7 +186,7 @@ def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
     batch, length, _ = _check_qkv(q, k, v)
     key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
     no_bias = q.new_zeros(1, length, 1)  # a band of width 1 holding w_tt = 0
-    return chunked_band(q, k, v, no_bias, 1, causal, key_padding_mask)
+    return band_kernel(q, k, v, no_bias, 1, causal, key_padding_mask)
 
 # %% ../notebooks/02_aft.ipynb #d81dd385
 @dataclass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.util
 import math
 from dataclasses import dataclass
 
@@ -17,16 +18,17 @@ from torch.utils.checkpoint import checkpoint
 __all__ = ['AFT_KERNELS', 'SHIFT_HEADROOM', 'default_aft_kernel', 'aft_kernel', 'selected_aft_kernel', 'accumulation_dtype',
            'outside_autocast', 'skew', 'unskew', 'band_entries', 'crop_band', 'row_shifts', 'decayed_carry',
            'monotone_shift', 'key_shifts', 'to_blocks', 'from_blocks', 'later_blocks', 'ratio', 'band_matrices',
-           'chunked_band', 'recompute_in_backward', 'aft_local_chunked', 'aft_local_kernel']
+           'chunked_band', 'recompute_in_backward', 'aft_local_chunked', 'band_kernel', 'aft_local_kernel']
 
 # %% ../notebooks/08_aft_kernels.ipynb #71e5b8c0
-AFT_KERNELS = ("cpu-chunked", "gpu-chunked")
+AFT_KERNELS = ("cpu-chunked", "gpu-chunked", "triton")
 _forced_kernel: str | None = None  # set by `aft_kernel`, None: each device's default
 
 
 def default_aft_kernel(device: torch.device | str) -> str:
     """The implementation AFT ops use on `device` unless `aft_kernel` forces one: the hand-written
-    chunked AFT-local on CPUs (the fastest there), the loop-free blockwise form elsewhere."""
+    chunked AFT-local on CPUs (the fastest there), the loop-free blockwise form elsewhere. (`triton`
+    becomes a GPU's default once a GPU has measured it faster: `benchmarks/gpu.py` times both.)"""
     return "cpu-chunked" if torch.device(device).type == "cpu" else "gpu-chunked"
 
 
@@ -37,6 +39,8 @@ def aft_kernel(name: str):
     global _forced_kernel
     if name not in AFT_KERNELS:
         raise ValueError(f"unknown AFT kernel {name!r}; the kernels are {', '.join(AFT_KERNELS)}")
+    if name == "triton" and importlib.util.find_spec("triton") is None:
+        raise ValueError("the AFT kernel 'triton' needs Triton, which is not installed: pip install triton")
     previous, _forced_kernel = _forced_kernel, name
     try:
         yield
@@ -670,9 +674,19 @@ def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
     return _AFTLocalFunction.apply(qkv, band, shift, window, block, causal, key_padding_mask)
 
 # %% ../notebooks/08_aft_kernels.ipynb #37e6eecf
+def band_kernel(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
+                key_padding_mask: Tensor | None) -> Tensor:
+    """`chunked_band`'s sums (AFT-local, AFT-conv, AFT-simple; band `[G, T, 2s - 1]`) by the selected
+    kernel: the fused Triton kernels of Appendix C for `triton`, `chunked_band` otherwise."""
+    if selected_aft_kernel(q.device) == "triton":
+        from aftalibi.aft_triton import triton_band  # Appendix C builds on this module, hence imported here
+        return triton_band(q, k, v, band, window, causal, key_padding_mask)
+    return chunked_band(q, k, v, band, window, causal, key_padding_mask)
+
+
 def aft_local_kernel(qkv: Tensor, band: Tensor, window: int, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
     """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`, by the selected kernel."""
     if selected_aft_kernel(qkv.device) == "cpu-chunked":
         return aft_local_chunked(qkv, band, window, causal, key_padding_mask)
     q, k, v = qkv.chunk(3, dim=-1)
-    return chunked_band(q, k, v, band[None], window, causal, key_padding_mask)
+    return band_kernel(q, k, v, band[None], window, causal, key_padding_mask)

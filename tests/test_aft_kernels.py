@@ -1,8 +1,10 @@
-"""The AFT kernels: selection, and the loop-free blockwise path ("gpu-chunked") forced on CPU tensors
+"""The AFT kernels: selection, and the two GPU implementations forced on CPU tensors: the loop-free
+blockwise path ("gpu-chunked") and the fused Triton kernels ("triton", in Triton's interpreter),
 against the float64 reference of the AFT equation, at numeric extremes, with a dispatch count that
 does not grow with the sequence or the batch, and under torch.compile with no graph break."""
 
 import collections
+import importlib.util
 
 import pytest
 import torch
@@ -16,6 +18,9 @@ from aftalibi.aft_kernels import selected_aft_kernel
 
 float64 = torch.float64
 GPU = "gpu-chunked"
+# The Triton kernels run wherever Triton installs (Linux; the dev extra installs it there).
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+GPU_KERNELS = [GPU, pytest.param("triton", marks=needs_triton)]
 
 
 def local_bias(w, window):
@@ -53,7 +58,7 @@ def run_op(op, q, k, v, w, kernel, window, causal, mask):
 
 
 def test_kernel_selection():
-    assert AFT_KERNELS == ("cpu-chunked", "gpu-chunked")
+    assert AFT_KERNELS == ("cpu-chunked", "gpu-chunked", "triton")
     assert default_aft_kernel("cpu") == "cpu-chunked" and default_aft_kernel(torch.device("cuda")) == GPU
     assert selected_aft_kernel("cpu") == "cpu-chunked"
     with aft_kernel(GPU):
@@ -62,17 +67,34 @@ def test_kernel_selection():
             assert selected_aft_kernel("meta") == "cpu-chunked"
         assert selected_aft_kernel("cpu") == GPU
     assert selected_aft_kernel("cpu") == "cpu-chunked"
-    with pytest.raises(ValueError, match="cpu-chunked, gpu-chunked"):
+    with pytest.raises(ValueError, match="cpu-chunked, gpu-chunked, triton"):
         with aft_kernel("flash"):
             pass
+
+
+def test_the_triton_kernel_says_what_it_needs(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *args: None if name == "triton" else object())
+    with pytest.raises(ValueError, match="needs Triton, which is not installed"):
+        with aft_kernel("triton"):
+            pass
+
+
+@needs_triton
+def test_the_triton_kernel_on_cpu_tensors_asks_for_the_interpreter(monkeypatch):
+    from aftalibi import aft_triton
+    monkeypatch.setattr(aft_triton, "INTERPRETED", False)
+    q = torch.randn(1, 4, 2)
+    with aft_kernel("triton"), pytest.raises(RuntimeError, match="TRITON_INTERPRET=1"):
+        aft_simple(q, q, q)
 
 
 @settings(max_examples=40, deadline=None)
 @given(op=st.sampled_from(["local", "full", "simple", "conv"]), batch=st.integers(1, 2), length=st.integers(1, 150),
        window=st.integers(1, 70), heads=st.sampled_from([1, 2]), causal=st.booleans(), padded=st.booleans(),
        seed=st.integers(0, 2**16))
-def test_every_variant_and_its_gradients_equal_the_float64_reference(op, batch, length, window, heads, causal, padded,
-                                                                    seed):
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_every_variant_and_its_gradients_equal_the_float64_reference(implementation, op, batch, length, window, heads,
+                                                                    causal, padded, seed):
     generator = torch.Generator().manual_seed(seed)
     d = 4
     q, k, v = (torch.randn(batch, length, d, dtype=float64, generator=generator, requires_grad=True) for _ in range(3))
@@ -83,7 +105,7 @@ def test_every_variant_and_its_gradients_equal_the_float64_reference(op, batch, 
         mask = torch.rand(batch, length, generator=generator) < 0.3
         mask[0, : length // 2] = True  # rows with no key yet (causal), a fully padded row when T = 1
     inputs = (q, k, v, w, kernel)
-    with aft_kernel(GPU):
+    with aft_kernel(implementation):
         ours, reference = run_op(op, q, k, v, w, kernel, window, causal, mask)
     expected = reference(*inputs)
     torch.testing.assert_close(ours, expected, rtol=1e-10, atol=1e-10)
@@ -118,13 +140,14 @@ def extreme(kind, length=300, d=4):
                                   "keys fall along time", "huge biases"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("op", ["local", "full", "simple", "conv"])
-def test_extremes_stay_finite_and_exact(kind, causal, op):
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_extremes_stay_finite_and_exact(implementation, kind, causal, op):
     q, k, v, w = extreme(kind)
     kernel = (60 if kind == "huge biases" else 1) * torch.randn(2, 9, dtype=float64)
     _, reference = run_op(op, q, k, v, w, kernel, 9, causal, None)
     for dtype, tolerance in [(float64, 1e-9), (torch.float32, 1e-4)]:
         inputs = [x.to(dtype).requires_grad_() for x in (q, k, v, w, kernel)]
-        with aft_kernel(GPU):
+        with aft_kernel(implementation):
             got, _ = run_op(op, *inputs, 9, causal, None)
         grads = torch.autograd.grad(got.square().sum(), inputs, allow_unused=True)
         assert torch.isfinite(got).all() and all(g is None or torch.isfinite(g).all() for g in grads), kind
@@ -136,11 +159,12 @@ def test_extremes_stay_finite_and_exact(kind, causal, op):
 
 @pytest.mark.parametrize("dtype,tolerance", [(torch.bfloat16, 5e-2), (torch.float16, 5e-3)])
 @pytest.mark.parametrize("op", ["local", "full", "simple", "conv"])
-def test_low_precision_accumulates_in_float32(op, dtype, tolerance):
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_low_precision_accumulates_in_float32(implementation, op, dtype, tolerance):
     q, k, v, w = extreme("none", length=200, d=8)
     kernel = torch.randn(2, 9, dtype=float64)
     low = [x.to(dtype) for x in (4 * q, 4 * k, v, 2 * w, kernel)]
-    with aft_kernel(GPU):
+    with aft_kernel(implementation):
         got, _ = run_op(op, *low, 9, True, None)
     _, reference = run_op(op, *(x.double() for x in low), 9, True, None)
     expected = reference(*(x.double() for x in low))
@@ -165,35 +189,41 @@ class CountOps(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-def dispatched_ops(layer, batch, length, padded):
+def dispatched_ops(layer, batch, length, padded, implementation=GPU):
     layer.zero_grad(set_to_none=True)  # the same gradient accumulation (into None) on every call
     x = torch.randn(batch, length, layer.d_model, requires_grad=True)
     mask = (torch.rand(batch, length) < 0.1) if padded else None
-    with aft_kernel(GPU), CountOps() as counter:
+    with aft_kernel(implementation), CountOps() as counter:
         layer(x, key_padding_mask=mask).sum().backward()
     return counter.counts
 
 
 @pytest.mark.parametrize("name", ["simple", "full", "local", "conv"])
-def test_dispatched_ops_do_not_grow_with_length_or_batch(name):
-    """No loop whose trip count depends on T or B: one fwd+bwd dispatches the same ATen ops."""
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_dispatched_ops_do_not_grow_with_length_or_batch(implementation, name):
+    """No loop whose trip count depends on T or B: one fwd+bwd dispatches the same ATen ops (a Triton
+    kernel launch is not an ATen op: what is counted is the PyTorch around the kernels)."""
     layer = make_layer(name)
-    short = dispatched_ops(layer, 1, 256, padded=True)
-    assert dispatched_ops(layer, 1, 4096 if name != "full" else 2048, padded=True) == short
-    assert dispatched_ops(layer, 8, 256, padded=True) == short
+    short = dispatched_ops(layer, 1, 256, padded=True, implementation=implementation)
+    longer = 4096 if name != "full" else 2048
+    if implementation == "triton":  # the interpreter runs each program in Python: keep the grid small
+        longer = 1024
+    assert dispatched_ops(layer, 1, longer, padded=True, implementation=implementation) == short
+    assert dispatched_ops(layer, 8, 256, padded=True, implementation=implementation) == short
     assert not any("item" in op or "local_scalar_dense" in op for op in short), "a host-device sync"
 
 
 @pytest.mark.parametrize("name", ["simple", "full", "local", "conv"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-def test_compiles_into_one_graph(name, causal):
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_compiles_into_one_graph(implementation, name, causal):
     torch._dynamo.reset()
     layer = make_layer(name, max_len=32)
     layer.causal = causal
     x = torch.randn(2, 20, 8, requires_grad=True)
     mask = torch.zeros(2, 20, dtype=torch.bool)
     mask[1, :5] = True
-    with aft_kernel(GPU):
+    with aft_kernel(implementation):
         expected = layer(x, key_padding_mask=mask)
         compiled = torch.compile(layer, backend="eager", fullgraph=True)
         out = compiled(x, key_padding_mask=mask)
