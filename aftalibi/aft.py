@@ -111,7 +111,7 @@ def _products(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, shift: Tensor, caus
     if causal:
         allowed = allowed.tril()
     w = w.to(acc)
-    exp_w = torch.exp(w.masked_fill(~allowed, float("-inf")) - row_shifts(w, allowed, outside_window=False))  # [T, T]
+    exp_w = torch.exp(w.masked_fill(~allowed, float("-inf")) - row_shifts(w, allowed, far=False))  # [T, T]
     # e^{K - c_j} for query block j; a key after the block may exceed the head-room, but meets e^{-inf} = 0 in exp_w
     weights = torch.exp((keys.transpose(0, 1) - shift).clamp_max(SHIFT_HEADROOM[acc]))  # [n, T, B, d]
     terms = torch.cat([weights * v.to(acc).transpose(0, 1), weights], dim=-1)  # [n, T, B, 2d]

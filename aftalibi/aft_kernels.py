@@ -16,7 +16,7 @@ from torch.utils.checkpoint import checkpoint
 
 # %% auto #0
 __all__ = ['AFT_KERNELS', 'SHIFT_HEADROOM', 'default_aft_kernel', 'aft_kernel', 'selected_aft_kernel', 'accumulation_dtype',
-           'outside_autocast', 'skew', 'unskew', 'band_entries', 'crop_band', 'row_shifts', 'decayed_carry',
+           'outside_autocast', 'skew', 'unskew', 'band_entries', 'crop_band', 'far_keys', 'row_shifts', 'decayed_carry',
            'monotone_shift', 'key_shifts', 'to_blocks', 'from_blocks', 'later_blocks', 'ratio', 'band_matrices',
            'chunked_band', 'recompute_in_backward', 'aft_local_chunked', 'band_kernel', 'aft_local_kernel']
 
@@ -104,13 +104,20 @@ def crop_band(band: Tensor, window: int, length: int) -> tuple[Tensor, int]:
     return band[..., window - length: window + length - 1], length
 
 
-def row_shifts(band: Tensor, valid: Tensor, outside_window: bool) -> Tensor:
-    """The row shift r_t = max_t' w_tt' over the real pairs of each query (and at least 0 when keys
-    outside the window count with bias 0), so that e^{w - r} never overflows. `[..., L, 1]`."""
+def far_keys(positions: Tensor, window: int, length: int, causal: bool) -> Tensor:
+    """Whether each query position has keys outside its window (|t - t'| >= s) inside the sequence."""
+    before = positions >= window
+    return before if causal else before | (positions + window <= length - 1)
+
+
+def row_shifts(band: Tensor, valid: Tensor, far: bool | Tensor) -> Tensor:
+    """The row shift r_t = max_t' w_tt' over the real pairs of each query, and at least 0 for a query
+    with keys outside the window (`far`, per query `[..., L, 1]` or for all), which count with bias 0:
+    so that neither e^{w - r} nor e^{0 - r} overflows. `[..., L, 1]`."""
     with torch.no_grad():
         shift = band.masked_fill(~valid, float("-inf")).amax(dim=-1, keepdim=True)
         shift = torch.where(shift.isfinite(), shift, torch.zeros_like(shift))
-        return shift.clamp_min(0.0) if outside_window else shift
+        return torch.where(torch.as_tensor(far, device=shift.device), shift.clamp_min(0.0), shift)
 
 # %% ../notebooks/08_aft_kernels.ipynb #3122b300
 def _decayed_prefix(x: Tensor, shift: Tensor, lag: int, dim: int) -> Tensor:
@@ -258,21 +265,24 @@ def band_matrices(band: Tensor, window: int, block: int, length: int, causal: bo
 
     Returns `matrices` `[G, n, L, 3L]` (query i of block j against the keys of blocks j-1, j, j+1,
     column i + delta + L) holding e^{w - r_t} inside the window and e^{-r_t} outside it (causal:
-    0 after the query), and `outside` = e^{-r_t} `[G, n, L, 1, 1]`, the weight of every farther key.
+    0 after the query), and `outside` = e^{-r_t} `[G, n, L, 1, 1]`, the weight of every farther key
+    (0 for a query with none: its r_t may lie far below 0).
     No expm1: every key enters with its own weight, so nothing cancels.
     """
     groups = band.shape[0]
     n_blocks = -(-length // block)
     band = F.pad(band, (0, 0, 0, n_blocks * block - length)).view(groups, n_blocks, block, 2 * window - 1)
     valid = band_entries(n_blocks, block, window, length, causal, band.device)
-    row_shift = row_shifts(band, valid, outside_window=True)  # [G, n, L, 1]
+    far_rows = far_keys(torch.arange(n_blocks * block, device=band.device).view(n_blocks, block, 1), window, length,
+                        causal)
+    row_shift = row_shifts(band, valid, far_rows)  # [G, n, L, 1]
     inside = torch.exp(band.masked_fill(~valid, float("-inf")) - row_shift)  # 0 where no pair
     matrices = skew(F.pad(inside, (block - window + 1, block - window + 1)))  # [G, n, L, 3L]
     offset = torch.arange(3 * block, device=band.device) - block - torch.arange(block, device=band.device)[:, None]
     far = offset.abs() >= window  # [L, 3L]: delta = t' - t outside the window
     if causal:
         far = far & (offset <= 0)
-    outside = torch.exp(-row_shift)
+    outside = torch.where(far_rows, torch.exp(-row_shift), 0.0)
     return matrices + outside * far, outside[..., None]
 
 
@@ -364,6 +374,7 @@ class _LocalBlocks:
     `matrices[j]` is `[L, 3L]`: query i of block j against the keys of blocks j-1, j, j+1
     (column i + delta + L), holding expm1(w) (scaled by exp(-r_t)) inside the window, 0 elsewhere;
     `own` adds the causal prefix's ones (exp(-r_t)) below the band; `outside` is exp(-r_t) `[n, L, 1]`;
+    a query with no key outside its window has `outside` 0 and its band entries exp(w - r_t) as they are;
     `slope` is d matrices / d w = exp(w - r_t) on the band `[n, L, 2s - 1]`, 0 where invalid.
     """
 
@@ -384,13 +395,18 @@ def _local_blocks(band: Tensor, window: int, block: int, length: int, causal: bo
     padded_length = n_blocks * block
     band = F.pad(band, (0, 0, 0, padded_length - length)).view(n_blocks, block, 2 * window - 1)
     valid = band_entries(n_blocks, block, window, length, causal, band.device)
-    # The row shift r_t = max(0, max_t' w_tt'): both sums of query t are scaled by exp(-r_t), which cancels.
-    row_shift = row_shifts(band, valid, outside_window=True)  # [n, L, 1]
+    # The row shift r_t = max_t' w_tt' (at least 0 with keys outside the window): both sums of query t
+    # are scaled by exp(-r_t), which cancels.
+    far_rows = far_keys(torch.arange(padded_length, device=band.device).view(n_blocks, block, 1), window, length,
+                        causal)
+    row_shift = row_shifts(band, valid, far_rows)  # [n, L, 1]
     band = band.masked_fill(~valid, float("-inf"))
     slope = torch.exp(band - row_shift)  # exp(w - r), 0 where invalid
-    outside = torch.exp(-row_shift)
-    # expm1(w) scaled by exp(-r): exp(w - r) - exp(-r), computed as expm1 where r = 0 (most rows)
-    scaled = torch.where(row_shift == 0, torch.expm1(band), slope - outside).masked_fill(~valid, 0.0)
+    outside = torch.where(far_rows, torch.exp(-row_shift), 0.0)
+    # expm1(w) scaled by exp(-r): exp(w - r) - exp(-r), computed as expm1 where r = 0 (most rows). A
+    # query with no key outside the window takes exp(w - r) itself: no ones to correct, no cancelling.
+    scaled = torch.where(row_shift == 0, torch.expm1(band), slope - outside)
+    scaled = torch.where(far_rows, scaled, slope).masked_fill(~valid, 0.0)
     wide = F.pad(scaled, (block - window + 1, block - window + 1))  # [n, L, 2L + 1], column delta + L
     matrices = skew(wide)  # [n, L, 3L], column i + delta + L
     own = matrices[..., block: 2 * block]

@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .aft_kernels import accumulation_dtype, crop_band, decayed_carry, key_shifts, outside_autocast, row_shifts
+from .aft_kernels import (accumulation_dtype, crop_band, decayed_carry, far_keys, key_shifts, outside_autocast,
+                                  row_shifts)
 
 try:  # optional: installed with the CUDA builds of torch on Linux, or `pip install "aftalibi[triton]"`
     import triton
@@ -27,11 +28,11 @@ BLOCK = 64  # L: the queries of one program, and the keys of one step of its loo
 if TRITON_AVAILABLE:
 
     @triton.jit
-    def _pair_weights(bias, rows, cols, row_shift, length, window, stride_bias_t, stride_bias_w,
+    def _pair_weights(bias, rows, cols, row_shift, outside, length, window, stride_bias_t, stride_bias_w,
                       CAUSAL: tl.constexpr, FULL: tl.constexpr):
         """M `[L, L]` of queries `rows` against keys `cols`: e^{w - r_t} inside the window (AFT-full: every
-        pair), e^{-r_t} outside it, 0 for no pair (past the sequence; causal: a key after its query).
-        Also whether each pair is inside the window, where the bias gets a gradient."""
+        pair), `outside` = e^{-r_t} outside it, 0 for no pair (past the sequence; causal: a key after its
+        query). Also whether each pair is inside the window, where the bias gets a gradient."""
         delta = cols[None, :] - rows[:, None]  # t' - t
         allowed = (rows < length)[:, None] & (cols < length)[None, :]
         if CAUSAL:
@@ -42,8 +43,8 @@ if TRITON_AVAILABLE:
         else:  # the band `[T, 2s - 1]`, entry (t, t' - t + s - 1)
             inside = allowed & (delta < window) & (delta > -window)
             offsets = rows[:, None] * stride_bias_t + (delta + window - 1) * stride_bias_w
-        w = tl.load(bias + offsets, mask=inside, other=0.0).to(row_shift.dtype)
-        weights = tl.where(inside, tl.exp(w - row_shift[:, None]), tl.where(allowed, tl.exp(-row_shift)[:, None], 0.0))
+        w = tl.load(bias + offsets, mask=inside, other=float("-inf")).to(row_shift.dtype)  # e^{-inf - r} = 0
+        weights = tl.where(inside, tl.exp(w - row_shift[:, None]), tl.where(allowed, outside[:, None], 0.0))
         return weights, inside
 
     @triton.jit
@@ -64,7 +65,7 @@ if TRITON_AVAILABLE:
         return group * group_channels + in_group, group, in_group < group_channels
 
     @triton.jit
-    def _forward_kernel(q, k, v, bias, row_shifts, shifts, carries, out, ratio_out, den_out,
+    def _forward_kernel(q, k, v, bias, row_shifts, outside_weights, shifts, carries, out, ratio_out, den_out,
                         length, channels, group_channels, key_ratio, window, reach, n_blocks,
                         stride_b, stride_t, stride_kb, stride_kt, stride_bias_g, stride_bias_t, stride_bias_w,
                         CAUSAL: tl.constexpr, FULL: tl.constexpr, SAVE: tl.constexpr, LOW: tl.constexpr,
@@ -76,6 +77,7 @@ if TRITON_AVAILABLE:
         rows = block * L + tl.arange(0, L)
         bias += group * stride_bias_g
         row_shift = tl.load(row_shifts + group * length + rows, mask=rows < length, other=0.0)
+        outside = tl.load(outside_weights + group * length + rows, mask=rows < length, other=0.0)
         shift = tl.load(shifts + (batch * n_blocks + block) * channels + channel, mask=channel_ok, other=0.0)
         num = tl.zeros((L, C), dtype=row_shift.dtype)
         den = tl.zeros((L, C), dtype=row_shift.dtype)
@@ -88,15 +90,14 @@ if TRITON_AVAILABLE:
             values = tl.load(v + batch * stride_b + cols[:, None] * stride_t + channel[None, :], mask=ok,
                              other=0.0).to(row_shift.dtype)
             b = tl.exp(keys - shift[None, :])
-            weights, _ = _pair_weights(bias, rows, cols, row_shift, length, window, stride_bias_t, stride_bias_w,
-                                       CAUSAL, FULL)
+            weights, _ = _pair_weights(bias, rows, cols, row_shift, outside, length, window, stride_bias_t,
+                                       stride_bias_w, CAUSAL, FULL)
             num += _mix(weights, b * values, LOW, DOT_DTYPE)
             den += _mix(weights, b, LOW, DOT_DTYPE)
         if not FULL:  # every key beyond the reach, with weight e^{-r_t}: the carried totals
             carried = carries + (batch * n_blocks + block) * 2 * channels
-            outside = tl.exp(-row_shift)[:, None]
-            num += outside * tl.load(carried + channel, mask=channel_ok, other=0.0)[None, :]
-            den += outside * tl.load(carried + channels + channel, mask=channel_ok, other=0.0)[None, :]
+            num += outside[:, None] * tl.load(carried + channel, mask=channel_ok, other=0.0)[None, :]
+            den += outside[:, None] * tl.load(carried + channels + channel, mask=channel_ok, other=0.0)[None, :]
         ok = (rows < length)[:, None] & channel_ok[None, :]
         ratio = tl.where(den > 0, num / tl.where(den > 0, den, 1.0), 0.0)  # no key at all (padding): 0
         offsets = batch * stride_b + rows[:, None] * stride_t + channel[None, :]
@@ -111,8 +112,9 @@ if TRITON_AVAILABLE:
 if TRITON_AVAILABLE:
 
     @triton.jit
-    def _backward_kernel(k, v, bias, row_shifts, shifts, reverse_carries, grad_num, grad_den, grad_k, grad_v,
-                         grad_bias, length, channels, group_channels, key_ratio, window, reach, n_blocks,
+    def _backward_kernel(k, v, bias, row_shifts, outside_weights, shifts, reverse_carries, grad_num, grad_den,
+                         grad_k, grad_v, grad_bias, length, channels, group_channels, key_ratio, window, reach,
+                         n_blocks,
                          stride_b, stride_t, stride_kb, stride_kt, stride_bias_g, stride_bias_t, stride_bias_w,
                          stride_grad_bias_g, stride_grad_bias_t,
                          CAUSAL: tl.constexpr, FULL: tl.constexpr, BIAS_GRAD: tl.constexpr, LOW: tl.constexpr,
@@ -136,10 +138,11 @@ if TRITON_AVAILABLE:
         for query_block in range(first, tl.minimum(block + reach, n_blocks - 1) + 1):
             rows = query_block * L + tl.arange(0, L)
             row_shift = tl.load(row_shifts + group * length + rows, mask=rows < length, other=0.0)
+            outside = tl.load(outside_weights + group * length + rows, mask=rows < length, other=0.0)
             shift = tl.load(shifts + (batch * n_blocks + query_block) * channels + channel, mask=channel_ok,
                             other=0.0)
             b = tl.exp(keys - shift[None, :])  # e^{K - c_j}, at the query block's shift
-            weights, inside = _pair_weights(bias, rows, cols, row_shift, length, window, stride_bias_t,
+            weights, inside = _pair_weights(bias, rows, cols, row_shift, outside, length, window, stride_bias_t,
                                             stride_bias_w, CAUSAL, FULL)
             saved = (batch * length + rows[:, None]) * channels + channel[None, :]
             row_ok = (rows < length)[:, None] & channel_ok[None, :]
@@ -154,7 +157,8 @@ if TRITON_AVAILABLE:
                 if FULL:
                     target = grad_bias + rows[:, None] * stride_grad_bias_t + cols[None, :]
                 else:
-                    target = grad_bias + rows[:, None] * stride_grad_bias_t + (cols[None, :] - rows[:, None] + window - 1)
+                    delta = cols[None, :] - rows[:, None]
+                    target = grad_bias + rows[:, None] * stride_grad_bias_t + (delta + window - 1)
                 tl.atomic_add(target, weights * pairs, mask=inside)
         if not FULL:  # the queries beyond the reach: the reverse carry, at this block's shift c_i
             shift = tl.load(shifts + (batch * n_blocks + block) * channels + channel, mask=channel_ok, other=0.0)
@@ -180,17 +184,23 @@ def _channel_tile(group_channels: int) -> int:
     return min(64, max(16, triton.next_power_of_2(group_channels)))
 
 
-def _row_shifts(bias: Tensor, window: int, length: int, causal: bool, full: bool, acc: torch.dtype) -> Tensor:
-    """r_t `[G, T]`: the largest bias among each query's pairs (the band: at least 0, for the keys
-    outside the window with bias 0)."""
+def _row_shifts(bias: Tensor, window: int, length: int, causal: bool, full: bool,
+                acc: torch.dtype) -> tuple[Tensor, Tensor]:
+    """r_t and e^{-r_t}, the weight of a key outside the window, `[G, T]` each: r_t is the largest bias
+    among each query's pairs, and at least 0 for a query with keys outside the window (`row_shifts`);
+    a query with none (AFT-full: every query) gets weight 0 there, not e^{-r_t}, which may overflow."""
     with torch.no_grad():
+        positions = torch.arange(length, device=bias.device)
         if full:
             allowed = torch.ones(length, length, dtype=torch.bool, device=bias.device)
-            return row_shifts(bias.to(acc), allowed.tril() if causal else allowed, outside_window=False)[..., 0]
+            row_shift = row_shifts(bias.to(acc), allowed.tril() if causal else allowed, far=False)[..., 0]
+            return row_shift, torch.zeros_like(row_shift)
         offset = torch.arange(-(window - 1), window, device=bias.device)  # t' - t
-        key = torch.arange(length, device=bias.device)[:, None] + offset
+        key = positions[:, None] + offset
         valid = (key >= 0) & (key < length) & ((offset <= 0) if causal else True)
-        return row_shifts(bias.to(acc), valid, outside_window=True)[..., 0]
+        far = far_keys(positions, window, length, causal)
+        row_shift = row_shifts(bias.to(acc), valid, far[:, None])[..., 0]
+        return row_shift, torch.where(far, torch.exp(-row_shift), 0.0)
 
 
 def _block_totals(x: Tensor, n_blocks: int) -> Tensor:
@@ -225,7 +235,8 @@ _OPERATOR = f"aftalibi::{__name__.replace('.', '_')}"
 
 
 @torch.library.custom_op(f"{_OPERATOR}_forward", mutates_args=())
-def _forward(q: Tensor, keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, shift: Tensor, carry: Tensor,
+def _forward(q: Tensor, keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, outside: Tensor, shift: Tensor,
+             carry: Tensor,
              key_ratio: int, window: int, reach: int, causal: bool, full: bool, save: bool
              ) -> tuple[Tensor, Tensor, Tensor]:
     """Y, and for the backward pass (`save`) H and den in the accumulation type (else empty)."""
@@ -236,7 +247,7 @@ def _forward(q: Tensor, keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor
     tile, grid = _launch_shape(batch, length, channels, bias.shape[0])
     dot_dtype, low = _dot_dtype(q)
     _forward_kernel[grid](
-        q, keys, v, bias, row_shift, shift, carry, out, ratio, den,
+        q, keys, v, bias, row_shift, outside, shift, carry, out, ratio, den,
         length, channels, channels // bias.shape[0], key_ratio, window, reach, grid[0],
         q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), *bias.stride(),
         CAUSAL=causal, FULL=full, SAVE=save, LOW=low, DOT_DTYPE=dot_dtype, L=BLOCK, C=tile)
@@ -244,13 +255,14 @@ def _forward(q: Tensor, keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor
 
 
 @_forward.register_fake
-def _(q, keys, v, bias, row_shift, shift, carry, key_ratio, window, reach, causal, full, save):
+def _(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, reach, causal, full, save):
     saved = q.new_empty(q.shape, dtype=keys.dtype) if save else q.new_empty(0)
     return torch.empty_like(q), saved, torch.empty_like(saved)
 
 
 @torch.library.custom_op(f"{_OPERATOR}_backward", mutates_args=())
-def _backward(keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, shift: Tensor, reverse_carry: Tensor,
+def _backward(keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, outside: Tensor, shift: Tensor,
+              reverse_carry: Tensor,
               grad_num: Tensor, grad_den: Tensor, key_ratio: int, window: int, reach: int, causal: bool, full: bool,
               bias_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
     """dK per channel, dV (both in the accumulation type) and, `bias_grad`, the bias's gradient (else empty)."""
@@ -262,7 +274,7 @@ def _backward(keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, shift: T
     dot_dtype, low = _dot_dtype(v)
     target = grad_bias if bias_grad else grad_k  # (not written without bias_grad)
     _backward_kernel[grid](
-        keys, v, bias, row_shift, shift, reverse_carry, grad_num, grad_den, grad_k, grad_v, target,
+        keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num, grad_den, grad_k, grad_v, target,
         length, channels, channels // bias.shape[0], key_ratio, window, reach, grid[0],
         v.stride(0), v.stride(1), keys.stride(0), keys.stride(1), *bias.stride(), target.stride(0), target.stride(1),
         CAUSAL=causal, FULL=full, BIAS_GRAD=bias_grad, LOW=low, DOT_DTYPE=dot_dtype, L=BLOCK, C=tile)
@@ -270,8 +282,8 @@ def _backward(keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, shift: T
 
 
 @_backward.register_fake
-def _(keys, v, bias, row_shift, shift, reverse_carry, grad_num, grad_den, key_ratio, window, reach, causal, full,
-      bias_grad):
+def _(keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num, grad_den, key_ratio, window, reach, causal,
+      full, bias_grad):
     grad_k = v.new_empty(v.shape, dtype=keys.dtype)
     grad_bias = bias.new_empty(bias.shape, dtype=keys.dtype) if bias_grad else v.new_empty(0)
     return grad_k, torch.empty_like(grad_k), grad_bias
@@ -293,7 +305,7 @@ class _TritonAFT(torch.autograd.Function):
         keys = keys.contiguous()
         shift, _ = key_shifts(keys, BLOCK, causal, acc, from_the_past=False)  # [B, n, k], no sync
         shift = shift.repeat_interleave(key_ratio, dim=-1).contiguous()  # per channel, [B, n, d]
-        row_shift = _row_shifts(bias, window, length, causal, full, acc).contiguous()  # [G, T]
+        row_shift, outside = (x.contiguous() for x in _row_shifts(bias, window, length, causal, full, acc))  # [G, T]
         reach = n_blocks if full else triton.cdiv(window - 1, BLOCK)  # key blocks each side a block sees
         q, v = q.contiguous(), v.contiguous()
         carry = shift  # AFT-full reaches every block: no carry (the kernel reads none)
@@ -302,16 +314,16 @@ class _TritonAFT(torch.autograd.Function):
             totals = torch.cat([_block_totals(b * v.to(acc), n_blocks), _block_totals(b, n_blocks)], dim=-1)
             carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal, reverse=False).contiguous()
         save = any(ctx.needs_input_grad)
-        out, ratio, den = _forward(q, keys, v, bias, row_shift, shift, carry, key_ratio, window, reach, causal, full,
-                                   save)
+        out, ratio, den = _forward(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, reach,
+                                   causal, full, save)
         if save:
-            ctx.save_for_backward(q, keys, v, bias, row_shift, shift, ratio, den)
+            ctx.save_for_backward(q, keys, v, bias, row_shift, outside, shift, ratio, den)
             ctx.options = key_ratio, window, reach, causal, full, k.dtype
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, keys, v, bias, row_shift, shift, ratio, den = ctx.saved_tensors
+        q, keys, v, bias, row_shift, outside, shift, ratio, den = ctx.saved_tensors
         key_ratio, window, reach, causal, full, key_dtype = ctx.options
         batch, length, channels = q.shape
         n_blocks = triton.cdiv(length, BLOCK)
@@ -323,14 +335,14 @@ class _TritonAFT(torch.autograd.Function):
         grad_den = (-grad_num * ratio).contiguous()
         reverse_carry = shift  # AFT-full: none
         if not full:  # row totals sum_t e^{-r_t} [g_num | g_den]_t per block, carried back to earlier blocks
-            outside = torch.exp(-row_shift).T.repeat_interleave(channels // bias.shape[0], dim=1)  # [T, d]
-            totals = torch.cat([_block_totals(grad_num * outside, n_blocks),
-                                _block_totals(grad_den * outside, n_blocks)], dim=-1)
+            per_channel = outside.T.repeat_interleave(channels // bias.shape[0], dim=1)  # e^{-r_t}, [T, d]
+            totals = torch.cat([_block_totals(grad_num * per_channel, n_blocks),
+                                _block_totals(grad_den * per_channel, n_blocks)], dim=-1)
             reverse_carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal,
                                    reverse=True).contiguous()
         bias_grad = ctx.needs_input_grad[3]
-        grad_k, grad_v, grad_bias = _backward(keys, v, bias, row_shift, shift, reverse_carry, grad_num, grad_den,
-                                              key_ratio, window, reach, causal, full, bias_grad)
+        grad_k, grad_v, grad_bias = _backward(keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num,
+                                              grad_den, key_ratio, window, reach, causal, full, bias_grad)
         grad_k = grad_k.view(batch, length, -1, key_ratio).sum(-1)  # AFT-conv: a head's channels share its key
         return (grad_q, grad_k.to(key_dtype), grad_v.to(v.dtype), grad_bias.to(bias.dtype) if bias_grad else None,
                 None, None, None, None)

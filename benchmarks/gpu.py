@@ -13,12 +13,19 @@
 3. The whole model (6 blocks, d_model 384, 6 heads, d_ff 1536, AdamW, bf16 autocast): tokens/s at
    T=512, B=64 and T=2048, B=16, and peak memory, for each mixer.
 
+Where Triton is installed, every AFT measurement runs under both GPU implementations, the
+blockwise `gpu-chunked` and the fused `triton` (on a CPU, in Triton's interpreter: slow, for
+checking the script only).
+
 Peak memory is CUDA's peak allocation above what was allocated before the step (not measured on
 CPUs: '-'). Runs out of memory are reported as 'OOM' and the run goes on. Imports only torch and
 aftalibi's modules (no labml).
 """
 
 import argparse
+import importlib
+import importlib.util
+import os
 import statistics
 import sys
 import time
@@ -36,6 +43,11 @@ from aftalibi.alibi import AlibiMultiHeadAttention, alibi_attention_reference, g
 from aftalibi.attention import MultiHeadAttention  # noqa: E402
 from aftalibi.model import LanguageModel, ModelConfig  # noqa: E402
 from measure import Projections  # noqa: E402
+
+
+def gpu_kernels() -> list[str]:
+    """The AFT implementations written for GPUs that this machine can run."""
+    return ["gpu-chunked"] + (["triton"] if importlib.util.find_spec("triton") is not None else [])
 
 
 def synchronize(device: torch.device) -> None:
@@ -149,10 +161,10 @@ def alibi_case(device, length):
 
 
 def correctness(device, quick):
-    """Every case under the device's AFT kernel, and under the GPU kernel too when that is not the default."""
+    """Every case under the device's AFT kernel and under each GPU implementation."""
     length = 96 if quick else 512
     tolerances = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 5e-2)}
-    kernels = sorted({default_aft_kernel(device), "gpu-chunked"})
+    kernels = sorted({default_aft_kernel(device), *gpu_kernels()})
     print(f"\n1. Correctness against float64 references (T={length}, causal, left padding)")
     print(f"{'op':<12} {'AFT kernel':<12} {'dtype':<9} {'output error':>13} {'gradient error':>15} {'tolerance':>10}  "
           f"verdict")
@@ -202,24 +214,26 @@ def layer_table(device, quick):
     repeats = 2 if quick else 5
     bf16 = dict(device_type=device.type, dtype=torch.bfloat16)
     flex_ok = device.type == "cuda"
-    columns = ["AFT-local bf16", "projections bf16", "SDPA MHA bf16", "ALiBi fp32", "ALiBi bf16", "Flex ALiBi bf16"]
+    kernels = gpu_kernels()
+    columns = ([f"AFT-local {kernel} bf16" for kernel in kernels]
+               + ["projections bf16", "SDPA MHA bf16", "ALiBi fp32", "ALiBi bf16", "Flex ALiBi bf16"])
     print(f"\n2. One layer, fwd+bwd, B={batch}, d_model={d_model}, {heads} heads, s={window}: ms and peak MiB")
     print(f"{'T':>6} " + " ".join(f"{c:>23}" for c in columns))
     for length in lengths:
-        def run(make, autocast):
+        def run(make, autocast, kernel="gpu-chunked"):
             def go():
                 torch.manual_seed(0)
                 layer = make().to(device)
                 x = torch.randn(batch, length, d_model, device=device, requires_grad=True)
 
                 def step():
-                    with torch.autocast(**bf16, enabled=autocast):
+                    with torch.autocast(**bf16, enabled=autocast), aft_kernel(kernel):
                         out = layer(x)
                     out.float().sum().backward()
                 return measure(step, device, repeats)
             return guarded(go)
-        row = [run(lambda: AFTLocal(d_model, length, window), True),
-               run(lambda: Projections(d_model), True),
+        row = [run(lambda: AFTLocal(d_model, length, window), True, kernel) for kernel in kernels]
+        row += [run(lambda: Projections(d_model), True),
                run(lambda: MultiHeadAttention(d_model, heads, causal=True), True),
                run(lambda: AlibiMultiHeadAttention(d_model, heads), False),
                run(lambda: AlibiMultiHeadAttention(d_model, heads), True),
@@ -237,11 +251,12 @@ def model_table(device, quick):
                                                                                d_ff=1536)
     runs = [(128, 8), (256, 4)] if quick else [(512, 64), (2048, 16)]
     repeats = 2 if quick else 5
-    mixers = [("mha", "rotary"), ("alibi", "none"), ("aft-simple", "none"), ("aft-conv", "none"),
-              ("aft-local", "none"), ("aft-full", "none")]
+    mixers = [("mha", "rotary", "-"), ("alibi", "none", "-")]
+    mixers += [(mixer, "none", kernel) for mixer in ("aft-simple", "aft-conv", "aft-local", "aft-full")
+               for kernel in gpu_kernels()]
     print(f"\n3. Whole model ({shape}), AdamW step under bf16 autocast: tokens/s and peak MiB")
-    print(f"{'mixer':<12} " + " ".join(f"{f'T={t}, B={b}':>24}" for t, b in runs))
-    for mixer, position in mixers:
+    print(f"{'mixer':<12} {'AFT kernel':<12} " + " ".join(f"{f'T={t}, B={b}':>24}" for t, b in runs))
+    for mixer, position, kernel in mixers:
         cells = []
         for length, batch in runs:
             def go():
@@ -253,7 +268,8 @@ def model_table(device, quick):
                 inputs, targets = torch.randint(0, 256, (2, batch, length), device=device)
 
                 def step():
-                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16):
+                    with torch.autocast(device_type=device.type, dtype=torch.bfloat16), \
+                            aft_kernel(kernel if kernel != "-" else "gpu-chunked"):
                         _, loss = model(inputs, targets)
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
@@ -266,7 +282,7 @@ def model_table(device, quick):
                 milliseconds, peak = result
                 tokens = batch * length / (milliseconds / 1e3)
                 cells.append(f"{tokens / 1e3:9.1f}k tok/s" + (f" {peak:6.0f} MiB" if peak is not None else "     - MiB"))
-        print(f"{mixer:<12} " + " ".join(f"{c:>24}" for c in cells), flush=True)
+        print(f"{mixer:<12} {kernel:<12} " + " ".join(f"{c:>24}" for c in cells), flush=True)
 
 
 def main() -> None:
@@ -277,15 +293,17 @@ def main() -> None:
                         choices=["correctness", "layer", "model"])
     args = parser.parse_args()
     device = torch.device(args.device)
+    if device.type == "cpu":  # Triton's kernels run on CPU tensors in its interpreter only
+        os.environ.setdefault("TRITON_INTERPRET", "1")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    print(f"{name}, torch {torch.__version__}, AFT kernel on this device: {default_aft_kernel(device)}")
+    triton = "Triton " + importlib.import_module("triton").__version__ if "triton" in gpu_kernels() else "no Triton"
+    print(f"{name}, torch {torch.__version__}, {triton}, AFT kernel on this device: {default_aft_kernel(device)}")
     start = time.perf_counter()
     failures = correctness(device, args.quick) if "correctness" in args.sections else 0
-    with aft_kernel(default_aft_kernel(device)):
-        if "layer" in args.sections:
-            layer_table(device, args.quick)
-        if "model" in args.sections:
-            model_table(device, args.quick)
+    if "layer" in args.sections:
+        layer_table(device, args.quick)
+    if "model" in args.sections:
+        model_table(device, args.quick)
     print(f"\n{time.perf_counter() - start:.0f} s; {failures} correctness check(s) failed")
     sys.exit(1 if failures else 0)
 

@@ -133,17 +133,25 @@ def extreme(kind, length=300, d=4):
         k = k - torch.arange(length, dtype=float64)[:, None]
     elif kind == "huge biases":
         w = 60 * w
+    elif kind == "biases far below 0":  # the first s queries have no key outside the window to fall back on
+        w = w - 150
     return q, k, v, w
 
 
+def extreme_kernel(kind, heads=2, window=9):
+    """AFT-conv's kernel for an extreme case, from its own seed."""
+    kernel = torch.randn(heads, window, dtype=float64, generator=torch.Generator().manual_seed(6))
+    return {"huge biases": 60 * kernel, "biases far below 0": kernel - 150}.get(kind, kernel)
+
+
 @pytest.mark.parametrize("kind", ["keys rise along time", "huge keys", "a jump of 1e4 between blocks",
-                                  "keys fall along time", "huge biases"])
+                                  "keys fall along time", "huge biases", "biases far below 0"])
 @pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
 @pytest.mark.parametrize("op", ["local", "full", "simple", "conv"])
-@pytest.mark.parametrize("implementation", GPU_KERNELS)
+@pytest.mark.parametrize("implementation", ["cpu-chunked"] + GPU_KERNELS)
 def test_extremes_stay_finite_and_exact(implementation, kind, causal, op):
     q, k, v, w = extreme(kind)
-    kernel = (60 if kind == "huge biases" else 1) * torch.randn(2, 9, dtype=float64)
+    kernel = extreme_kernel(kind)
     _, reference = run_op(op, q, k, v, w, kernel, 9, causal, None)
     for dtype, tolerance in [(float64, 1e-9), (torch.float32, 1e-4)]:
         inputs = [x.to(dtype).requires_grad_() for x in (q, k, v, w, kernel)]

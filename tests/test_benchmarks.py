@@ -5,6 +5,7 @@ the first time: its CPU mode (small sizes, a few seconds) runs every section her
 correctness section, every AFT variant and the ALiBi layer against float64 on both AFT kernels, must
 pass. The commit comparison must load two versions of the package side by side."""
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -20,9 +21,12 @@ def test_gpu_benchmark_runs_on_a_cpu_and_its_correctness_checks_pass():
                             capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     verdicts = re.findall(r"\s(ok|FAIL\w*)\s*$", result.stdout, flags=re.MULTILINE)
-    kernels = set(re.findall(r"^aft-\S+\s+(\S+-chunked)\s", result.stdout, flags=re.MULTILINE))
-    assert len(verdicts) == 18 and set(verdicts) == {"ok"}, result.stdout
-    assert kernels == {"cpu-chunked", "gpu-chunked"}, kernels
+    kernels = set(re.findall(r"^aft-\S+\s+(\S+-chunked|triton)\s+(?:float32|bfloat16)", result.stdout,
+                             flags=re.MULTILINE))
+    expected = {"cpu-chunked", "gpu-chunked"} | ({"triton"} if importlib.util.find_spec("triton") else set())
+    # 4 AFT variants x 2 dtypes per kernel, and the ALiBi layer in 2 dtypes
+    assert len(verdicts) == 8 * len(expected) + 2 and set(verdicts) == {"ok"}, result.stdout
+    assert kernels == expected, kernels
     assert "0 correctness check(s) failed" in result.stdout
     for section in ("1. Correctness", "2. One layer", "3. Whole model"):
         assert section in result.stdout, f"section {section!r} missing:\n{result.stdout}"
