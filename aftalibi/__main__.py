@@ -85,10 +85,12 @@ def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeo
 
 
 # Options a resumed run may be given (RESUMABLE, plus those of this call only): the rest are the saved run's.
-RESUME_OPTIONS = "--session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision and --compile"
+RESUME_OPTIONS = ("--session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision, --compile "
+                  "and --aft-kernel")
 
 
 def main(argv: list[str] | None = None) -> int:
+    from aftalibi.aft import AFT_KERNELS
     from aftalibi.data import CorpusError
     from aftalibi.model import MIXERS, POSITIONS, ModelConfig
     from aftalibi.train import DEMO_MODEL, OPTIMIZERS, PRECISIONS, PRESETS, CheckpointError, TrainConfig
@@ -105,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                                    "blocks of 6 heads, MLP 1536, 64 windows of 256 characters, dropout 0.2, 2500 steps, "
                                    "--out-dir runs/gpu); options given beside it override it")
     choices = {"mixer": list(MIXERS), "position": list(POSITIONS), "optimizer": list(OPTIMIZERS),
-               "precision": list(PRECISIONS)}
+               "precision": list(PRECISIONS), "aft_kernel": ["auto", *AFT_KERNELS]}
     add_dataclass_options(train_parser, ModelConfig, skip=("vocab_size",), defaults=DEMO_MODEL, choices=choices,
                           only_given=True)
     add_dataclass_options(train_parser, TrainConfig, choices=choices, only_given=True,

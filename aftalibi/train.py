@@ -16,6 +16,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
+from .aft import AFT_KERNELS, aft_kernel
 from .data import Corpus, CharTokenizer, load_corpus, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
 
@@ -70,6 +71,7 @@ class TrainConfig:
     device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu, cuda or cuda:1"})
     precision: str = field(default="auto", metadata={"help": "auto: bfloat16 autocast on GPUs of compute capability >= 8.0 and on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX), float16 autocast with gradient scaling on GPUs of capability 7.x (V100, T4), float32 elsewhere; or one of them by name"})
     compile: bool = field(default=False, metadata={"help": "compile the model with torch.compile"})
+    aft_kernel: str = field(default="auto", metadata={"help": "the implementation of the AFT mixers: auto (the device's default), or one of " + ", ".join(AFT_KERNELS) + " (triton: the fused kernels, needs Triton)"})
     out_dir: str = field(default="runs/demo", metadata={"help": "folder of the run: its checkpoint and its labml record"})
 
     def __post_init__(self):
@@ -85,11 +87,13 @@ class TrainConfig:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
             raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+        if self.aft_kernel not in ("auto", *AFT_KERNELS):
+            raise ValueError(f"unknown aft_kernel {self.aft_kernel!r}; choose auto or one of {', '.join(AFT_KERNELS)}")
 
 
 # What a resumed run may change: how it reports and where it runs, not what it computes. Every
 # other setting (the model, the data, the schedule, max_steps) is the saved run's.
-RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile", "out_dir")
+RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile", "aft_kernel", "out_dir")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def select_device(name: str = "auto") -> torch.device:
@@ -620,7 +624,9 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     first_step, reported_step, interrupted = step, step, False
     train_loss, trained_tokens, training_seconds = float("nan"), 0, 0.0
     loss_sum = torch.zeros((), device=device)  # the training losses since the last report, summed where they are
-    with process_group(distributed, device), labml_run(Path(config.out_dir), run_uuid, configs, enabled=not quiet):
+    implementation = contextlib.nullcontext() if config.aft_kernel == "auto" else aft_kernel(config.aft_kernel)
+    with process_group(distributed, device), labml_run(Path(config.out_dir), run_uuid, configs, enabled=not quiet), \
+            implementation:
         replicated = model
         if distributed.world_size > 1:  # all-reduces the gradients during backward (the identity above)
             replicated = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)

