@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .aft_kernels import (accumulation_dtype, crop_band, decayed_carry, far_keys, key_shifts, outside_autocast,
-                                  row_shifts)
+from .aft_kernels import (accumulation_dtype, band_entries, crop_band, decayed_carry, far_keys, key_shifts,
+                                  outside_autocast, row_shifts)
 
 try:  # optional: installed with the CUDA builds of torch on Linux, or `pip install "aftalibi[triton]"`
     import triton
@@ -195,18 +195,16 @@ def _row_shifts(bias: Tensor, window: int, length: int, causal: bool, full: bool
             allowed = torch.ones(length, length, dtype=torch.bool, device=bias.device)
             row_shift = row_shifts(bias.to(acc), allowed.tril() if causal else allowed, far=False)[..., 0]
             return row_shift, torch.zeros_like(row_shift)
-        offset = torch.arange(-(window - 1), window, device=bias.device)  # t' - t
-        key = positions[:, None] + offset
-        valid = (key >= 0) & (key < length) & ((offset <= 0) if causal else True)
+        valid = band_entries(1, length, window, length, causal, bias.device)[0]  # [T, 2s - 1]
         far = far_keys(positions, window, length, causal)
         row_shift = row_shifts(bias.to(acc), valid, far[:, None])[..., 0]
         return row_shift, torch.where(far, torch.exp(-row_shift), 0.0)
 
 
-def _block_totals(x: Tensor, n_blocks: int) -> Tensor:
-    """The sum over each block of L positions, `[B, T, d]` -> `[B, n, d]`."""
+def _in_blocks(x: Tensor, n_blocks: int, fill: float = 0.0) -> Tensor:
+    """`[B, T, c]` -> `[B, n, L, c]`, time padded to n L positions with `fill`."""
     batch, length, channels = x.shape
-    return F.pad(x, (0, 0, 0, n_blocks * BLOCK - length)).view(batch, n_blocks, BLOCK, channels).sum(2)
+    return F.pad(x, (0, 0, 0, n_blocks * BLOCK - length), value=fill).view(batch, n_blocks, BLOCK, channels)
 
 
 def _carry(totals: Tensor, shift: Tensor, lag: int, causal: bool, reverse: bool) -> Tensor:
@@ -303,15 +301,16 @@ class _TritonAFT(torch.autograd.Function):
         if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
             keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
         keys = keys.contiguous()
-        shift, _ = key_shifts(keys, BLOCK, causal, acc, from_the_past=False)  # [B, n, k], no sync
-        shift = shift.repeat_interleave(key_ratio, dim=-1).contiguous()  # per channel, [B, n, d]
+        key_shift, _ = key_shifts(keys, BLOCK, causal, acc, from_the_past=False)  # [B, n, k], no sync
+        shift = key_shift.repeat_interleave(key_ratio, dim=-1).contiguous()  # per channel, [B, n, d]
         row_shift, outside = (x.contiguous() for x in _row_shifts(bias, window, length, causal, full, acc))  # [G, T]
         reach = n_blocks if full else triton.cdiv(window - 1, BLOCK)  # key blocks each side a block sees
         q, v = q.contiguous(), v.contiguous()
         carry = shift  # AFT-full reaches every block: no carry (the kernel reads none)
         if not full:  # the block totals S_i = sum e^{K - c_i} [V | 1], carried to each block
-            b = torch.exp(keys.repeat_interleave(key_ratio, dim=-1) - shift.repeat_interleave(BLOCK, dim=1)[:, :length])
-            totals = torch.cat([_block_totals(b * v.to(acc), n_blocks), _block_totals(b, n_blocks)], dim=-1)
+            b = torch.exp(_in_blocks(keys, n_blocks, float("-inf")) - key_shift[:, :, None])  # [B, n, L, k]
+            b = b.repeat_interleave(key_ratio, dim=-1) if key_ratio > 1 else b  # AFT-conv: per channel
+            totals = torch.cat([(b * _in_blocks(v.to(acc), n_blocks)).sum(2), b.sum(2)], dim=-1)
             carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal, reverse=False).contiguous()
         save = any(ctx.needs_input_grad)
         out, ratio, den = _forward(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, reach,
@@ -336,8 +335,8 @@ class _TritonAFT(torch.autograd.Function):
         reverse_carry = shift  # AFT-full: none
         if not full:  # row totals sum_t e^{-r_t} [g_num | g_den]_t per block, carried back to earlier blocks
             per_channel = outside.T.repeat_interleave(channels // bias.shape[0], dim=1)  # e^{-r_t}, [T, d]
-            totals = torch.cat([_block_totals(grad_num * per_channel, n_blocks),
-                                _block_totals(grad_den * per_channel, n_blocks)], dim=-1)
+            totals = torch.cat([_in_blocks(grad_num * per_channel, n_blocks).sum(2),
+                                _in_blocks(grad_den * per_channel, n_blocks).sum(2)], dim=-1)
             reverse_carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal,
                                    reverse=True).contiguous()
         bias_grad = ctx.needs_input_grad[3]
