@@ -2,6 +2,7 @@
 
     python benchmarks/gpu.py                      # one CUDA GPU, a few minutes
     python benchmarks/gpu.py --device cpu --quick # the same script on a CPU, small sizes, about a minute
+    python benchmarks/gpu.py --triton-launch 8x2  # the Triton kernels with 8 warps and 2 pipeline stages
 
 1. Correctness: every AFT variant (full, simple, local, conv; causal, with padding) and the ALiBi
    layer, in float32 and bf16, against float64 references of the same inputs: the largest error of
@@ -285,18 +286,39 @@ def model_table(device, quick):
         print(f"{mixer:<12} {kernel:<12} " + " ".join(f"{c:>24}" for c in cells), flush=True)
 
 
+def launch_settings(text: str) -> tuple[int, int]:
+    """'8x2' -> (num_warps 8, num_stages 2)."""
+    try:
+        warps, stages = (int(part) for part in text.split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected WARPSxSTAGES such as 8x2, got {text!r}") from None
+    if warps not in (1, 2, 4, 8, 16) or stages < 1:
+        raise argparse.ArgumentTypeError(f"expected a power of two from 1 to 16 warps and at least 1 stage, "
+                                         f"got {text!r}")
+    return warps, stages
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU check of the script)")
     parser.add_argument("--sections", nargs="+", default=["correctness", "layer", "model"],
                         choices=["correctness", "layer", "model"])
+    parser.add_argument("--triton-launch", type=launch_settings, metavar="WARPSxSTAGES",
+                        help="launch the Triton kernels with this num_warps and num_stages instead of the package's "
+                             "(aftalibi.aft_triton.LAUNCH); to compare settings, run once with each")
     args = parser.parse_args()
     device = torch.device(args.device)
     if device.type == "cpu":  # Triton's kernels run on CPU tensors in its interpreter only
         os.environ.setdefault("TRITON_INTERPRET", "1")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    triton = "Triton " + importlib.import_module("triton").__version__ if "triton" in gpu_kernels() else "no Triton"
+    triton = "no Triton"
+    if "triton" in gpu_kernels():
+        aft_triton = importlib.import_module("aftalibi.aft_triton")
+        if args.triton_launch:
+            aft_triton.LAUNCH.update(num_warps=args.triton_launch[0], num_stages=args.triton_launch[1])
+        triton = (f"Triton {importlib.import_module('triton').__version__} (launched with "
+                  f"num_warps={aft_triton.LAUNCH['num_warps']}, num_stages={aft_triton.LAUNCH['num_stages']})")
     print(f"{name}, torch {torch.__version__}, {triton}, AFT kernel on this device: {default_aft_kernel(device)}")
     start = time.perf_counter()
     failures = correctness(device, args.quick) if "correctness" in args.sections else 0

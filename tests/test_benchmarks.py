@@ -3,7 +3,8 @@
 The GPU benchmark is one prepared script for the rare session that has a GPU, so it must work there
 the first time: its CPU mode (small sizes, a few seconds) runs every section here, and its
 correctness section, every AFT variant and the ALiBi layer against float64 on both AFT kernels, must
-pass. The commit comparison must load two versions of the package side by side."""
+pass. The commit comparison must load two versions of the package side by side. The fused AFT
+kernels must fit every GPU generation, which Triton can check by compiling for one it does not have."""
 
 import importlib.util
 import re
@@ -44,6 +45,28 @@ def test_commit_comparison_builds_both_packages_side_by_side():
     refused = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "compare_commits.py"), "--base", "no-such-rev"],
                              capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert refused.returncode != 0 and "--base: 'no-such-rev' is not a commit of this repository" in refused.stderr
+
+
+needs_triton = pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+
+
+@needs_triton
+def test_the_triton_kernels_fit_the_shared_memory_of_every_gpu_generation():
+    """Compiled for a T4 (64 KiB of shared memory a block), an A10 or L4 (99 KiB) and an H100, with
+    the package's launch settings, every AFT kernel fits: a kernel that does not is not launched at
+    all on that GPU. The check has teeth: Triton's default launch (3 stages) misses the A10's limit
+    in float32."""
+    script = [sys.executable, str(ROOT / "benchmarks" / "triton_resources.py"), "--no-spills"]
+    result = subprocess.run([*script, "--targets", "75,86,90", "--variants", "causal-band,full"],
+                            capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = re.findall(r"^sm_(\d+) .*\s(yes|NO)$", result.stdout, flags=re.MULTILINE)
+    # 3 targets x 2 kernels x 2 input types x 2 variants
+    assert len(rows) == 24 and {fits for _, fits in rows} == {"yes"}, result.stdout
+    assert "0 kernel(s) that do not fit" in result.stdout
+    default = subprocess.run([*script, "--targets", "86", "--types", "fp32", "--variants", "causal-band",
+                              "--configs", "4x3"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert re.search(r"^sm_86 .* forward .* 144\.0 +99 .*NO$", default.stdout, flags=re.MULTILINE), default.stdout
 
 
 @pytest.mark.parametrize("script,arguments,expected", [
