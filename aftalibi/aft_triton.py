@@ -24,9 +24,10 @@ TRITON_AVAILABLE = triton is not None
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 BLOCK = 64  # L: the queries of one program, and the keys of one step of its loop
 # How both kernels launch ("Fitting every GPU", below): 8 warps share a program's tiles, so that few
-# registers spill, and one stage (no loads of the next keys in flight) fits the shared memory of
-# every GPU from a T4 to an H100, where Triton's default of 3 does not fit an A10, L4 or RTX card.
-LAUNCH = dict(num_warps=8, num_stages=1)
+# registers spill; one stage (no loads of the next keys in flight) fits the shared memory of every
+# GPU from a T4 to an H100, where Triton's default of 3 does not fit an A10, L4 or RTX card; and on
+# NVIDIA GPUs a thread may use all 255 registers, which the assembler does not always give unasked.
+LAUNCH = dict(num_warps=8, num_stages=1) | (dict(maxnreg=255) if torch.version.hip is None else {})
 
 # %% ../notebooks/10_aft_triton.ipynb #c0000007
 if TRITON_AVAILABLE:

@@ -317,8 +317,7 @@ def main() -> None:
         aft_triton = importlib.import_module("aftalibi.aft_triton")
         if args.triton_launch:
             aft_triton.LAUNCH.update(num_warps=args.triton_launch[0], num_stages=args.triton_launch[1])
-        triton = (f"Triton {importlib.import_module('triton').__version__} (launched with "
-                  f"num_warps={aft_triton.LAUNCH['num_warps']}, num_stages={aft_triton.LAUNCH['num_stages']})")
+        triton = f"Triton {importlib.import_module('triton').__version__} (launched with {aft_triton.LAUNCH})"
     print(f"{name}, torch {torch.__version__}, {triton}, AFT kernel on this device: {default_aft_kernel(device)}")
     start = time.perf_counter()
     failures = correctness(device, args.quick) if "correctness" in args.sections else 0

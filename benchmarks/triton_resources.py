@@ -1,11 +1,11 @@
 """What the fused AFT kernels (notebook 10) ask of each GPU generation, found without a GPU.
 
-    python benchmarks/triton_resources.py                        # every kernel, T4 to H100, a few minutes
-    python benchmarks/triton_resources.py --targets 86 --configs 4x3,8x2 --variants causal-band
+    python benchmarks/triton_resources.py                        # every kernel, T4 to H100: 120 compilations
+    python benchmarks/triton_resources.py --targets 86 --launches 4x3,8x2x255 --variants causal-band
 
 Triton compiles for a GPU it does not have when it is given the target: this script compiles the
 forward and backward kernels, for each variant (causal or not, band or AFT-full) and input type
-(float32, bf16), down to machine code for each target (`ptxas`, shipped in Triton's wheel), and
+(float32, bf16, fp16), down to machine code for each target (`ptxas`, shipped in Triton's wheel), and
 prints what a launch needs: shared memory (against the most one block may have on that
 generation), registers per thread and bytes spilled to local memory. No speed is measured here;
 a kernel whose shared memory exceeds its GPU's limit does not launch at all there, and spills are
@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from typing import NamedTuple
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, not the interpreter's
@@ -45,6 +46,25 @@ FLOAT32 = {"k", "bias", "row_shifts", "outside_weights", "shifts", "carries", "r
 INTEGERS = {"length", "channels", "group_channels", "key_ratio", "window", "reach", "n_blocks"}
 
 
+class Launch(NamedTuple):
+    """Triton's launch settings: warps a program, pipeline stages, and the most registers a thread
+    (None: the assembler chooses)."""
+    num_warps: int
+    num_stages: int
+    maxnreg: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Launch":
+        """'8x1x255' or '4x3' (WARPSxSTAGES[xMAXNREG])."""
+        try:
+            return cls(*(int(part) for part in text.split("x")))
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected WARPSxSTAGES or WARPSxSTAGESxMAXNREG, got {text!r}") from None
+
+    def __str__(self) -> str:
+        return "x".join(str(part) for part in self if part is not None)
+
+
 def signature(kernel, input_type: str, constants: dict) -> dict:
     """Triton's type for every argument of `kernel`; a new argument must be added above."""
     types = {}
@@ -62,20 +82,19 @@ def signature(kernel, input_type: str, constants: dict) -> dict:
     return types
 
 
-def resources(capability: int, direction: str, input_type: str, variant: str, launch: tuple[int, int],
+def resources(capability: int, direction: str, input_type: str, variant: str, launch: Launch,
               spills: bool) -> tuple[int, int | None, int | None]:
     """Shared memory (bytes), and with `spills` registers per thread and spilled bytes, of one kernel
-    at the widest channel tile (C = 64), launched with (num_warps, num_stages) `launch`."""
+    at the widest channel tile (C = 64)."""
     causal, full = VARIANTS[variant]
-    num_warps, num_stages = launch
     kernel = aft_triton._forward_kernel if direction == "forward" else aft_triton._backward_kernel
-    low = input_type == "bf16"  # bf16 inputs multiply in bf16 on a GPU (`_dot_dtype`)
+    low = input_type == "bf16"  # bf16 inputs multiply in bf16 on a GPU, fp16 and fp32 in float32 (`_dot_dtype`)
     constants = dict(CAUSAL=causal, FULL=full, LOW=low, DOT_DTYPE=tl.bfloat16 if low else tl.float32,
                      L=aft_triton.BLOCK, C=64)
     constants["SAVE" if direction == "forward" else "BIAS_GRAD"] = True  # the larger of the two
     compiled = triton.compile(ASTSource(kernel, signature(kernel, input_type, constants), constants),
                               target=GPUTarget("cuda", capability, 32),
-                              options=dict(num_warps=num_warps, num_stages=num_stages))
+                              options={name: value for name, value in launch._asdict().items() if value is not None})
     if not spills:
         return compiled.metadata.shared, None, None
     ptx = Path(f"/tmp/aftalibi-{os.getpid()}.ptx")
@@ -95,31 +114,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--targets", default=",".join(map(str, TARGETS)),
                         help=f"compute capabilities, of {sorted(TARGETS)} (default: all)")
-    parser.add_argument("--configs", default=None,
-                        help="launch settings to compare, WARPSxSTAGES, comma-separated (default: the package's)")
+    parser.add_argument("--launches", type=lambda text: [Launch.parse(part) for part in text.split(",")],
+                        help="launch settings to compare, comma-separated WARPSxSTAGES[xMAXNREG] "
+                             "(default: the package's)")
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"of {list(VARIANTS)} (default: all)")
-    parser.add_argument("--types", default="fp32,bf16", help="input types (default: fp32,bf16)")
+    parser.add_argument("--types", default="fp32,bf16,fp16", help="input types (default: fp32,bf16,fp16)")
     parser.add_argument("--no-spills", action="store_true", help="shared memory only: skip ptxas -v (faster)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compilations at once (default: one a core)")
     args = parser.parse_args()
-    package = (aft_triton.LAUNCH["num_warps"], aft_triton.LAUNCH["num_stages"])
-    configs = [tuple(map(int, c.split("x"))) for c in args.configs.split(",")] if args.configs else [package]
-    print(f"the package launches with num_warps={package[0]}, num_stages={package[1]} (aft_triton.LAUNCH); "
-          f"Triton {triton.__version__}")
-    print(f"{'target':<18} {'kernel':<9} {'type':<5} {'variant':<12} {'warps':>5} {'stages':>6} "
+    package = Launch(**aft_triton.LAUNCH)
+    launches = args.launches or [package]
+    print(f"the package launches with {package!r} (aft_triton.LAUNCH); Triton {triton.__version__}")
+    print(f"{'target':<18} {'kernel':<9} {'type':<5} {'variant':<12} {'launch':>8} "
           f"{'shared KiB':>10} {'limit':>6} {'regs':>5} {'spilled B':>9}  fits")
     kernels = list(itertools.product(map(int, args.targets.split(",")), ("forward", "backward"),
-                                     args.types.split(","), args.variants.split(","), configs))
+                                     args.types.split(","), args.variants.split(","), launches))
     misfits = 0
     with ProcessPoolExecutor(args.jobs) as pool:  # each compilation takes seconds, on one core
         figures = pool.map(resources, *zip(*kernels), itertools.repeat(not args.no_spills))
-        for (capability, direction, input_type, variant, (warps, stages)), (shared, registers, spilled) in zip(
-                kernels, figures):
+        for (capability, direction, input_type, variant, launch), (shared, registers, spilled) in zip(kernels, figures):
             cards, limit = TARGETS[capability]
             fits = shared <= limit
-            misfits += not fits and (warps, stages) == package
-            print(f"sm_{capability} {cards:<12} {direction:<9} {input_type:<5} {variant:<12} {warps:>5} {stages:>6} "
-                  f"{shared / 1024:>10.1f} {limit // 1024:>6} {registers if registers else '-':>5} "
+            misfits += not fits and launch == package
+            print(f"sm_{capability} {cards:<12} {direction:<9} {input_type:<5} {variant:<12} {str(launch):>8} "
+                  f"{shared / 1024:>10.1f} {limit // 1024:>6} {registers or '-':>5} "
                   f"{'-' if spilled is None else spilled:>9}  {'yes' if fits else 'NO'}", flush=True)
     print(f"{misfits} kernel(s) that do not fit their target with the package's launch settings")
     return 1 if misfits else 0
