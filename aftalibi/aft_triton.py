@@ -175,6 +175,57 @@ if TRITON_AVAILABLE:
         tl.store(grad_v + offsets, to_num, mask=ok)
         tl.store(grad_k + offsets, values * to_num + to_den, mask=ok)
 
+# %% ../notebooks/10_aft_triton.ipynb #c0000012
+if TRITON_AVAILABLE:
+
+    @triton.jit
+    def _block_totals_kernel(k, v, shifts, totals, length, channels, group_channels, key_ratio, n_blocks,
+                             stride_b, stride_t, stride_kb, stride_kt, L: tl.constexpr, C: tl.constexpr):
+        """Program (block i, batch element, channel tile): S_i = sum over the block's keys of
+        e^{K - c_i} [V | 1], into `totals` `[B, n, 2d]`."""
+        block, batch, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        channel, _, channel_ok = _tile(tile, group_channels, C)
+        cols = block * L + tl.arange(0, L)
+        ok = (cols < length)[:, None] & channel_ok[None, :]
+        keys = tl.load(k + batch * stride_kb + cols[:, None] * stride_kt + (channel // key_ratio)[None, :], mask=ok,
+                       other=float("-inf"))  # in the accumulation type; padding arrives as -inf: e^{-inf} = 0
+        values = tl.load(v + batch * stride_b + cols[:, None] * stride_t + channel[None, :], mask=ok,
+                         other=0.0).to(keys.dtype)
+        shift = tl.load(shifts + (batch * n_blocks + block) * channels + channel, mask=channel_ok, other=0.0)
+        b = tl.exp(keys - shift[None, :])
+        total = totals + (batch * n_blocks + block) * 2 * channels
+        tl.store(total + channel, tl.sum(b * values, axis=0), mask=channel_ok)
+        tl.store(total + channels + channel, tl.sum(b, axis=0), mask=channel_ok)
+
+    @triton.jit
+    def _output_gradients_kernel(q, grad_out, ratio, den, outside_weights, grad_q, grad_num, grad_den, row_totals,
+                                 length, channels, group_channels, n_blocks,
+                                 FULL: tl.constexpr, L: tl.constexpr, C: tl.constexpr):
+        """Program (block j, batch element, channel tile), from G (`grad_out`) and the saved H and den,
+        all `[B, T, d]` contiguous: dQ = G H sigma'(Q), g_num = G sigma(Q) / den (0 where den = 0),
+        g_den = -g_num H, and (not `FULL`) the block's row totals sum_t e^{-r_t} [g_num | g_den]_t
+        into `row_totals` `[B, n, 2d]`."""
+        block, batch, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        channel, group, channel_ok = _tile(tile, group_channels, C)
+        rows = block * L + tl.arange(0, L)
+        ok = (rows < length)[:, None] & channel_ok[None, :]
+        offsets = (batch * length + rows[:, None]) * channels + channel[None, :]
+        h = tl.load(ratio + offsets, mask=ok, other=0.0)
+        total = tl.load(den + offsets, mask=ok, other=0.0)
+        gate = tl.sigmoid(tl.load(q + offsets, mask=ok, other=0.0).to(h.dtype))
+        upstream = tl.load(grad_out + offsets, mask=ok, other=0.0).to(h.dtype)
+        tl.store(grad_q + offsets, (upstream * h * gate * (1 - gate)).to(grad_q.dtype.element_ty), mask=ok)
+        to_num = tl.where(total > 0, upstream * gate / tl.where(total > 0, total, 1.0), 0.0)  # no key: 0
+        to_den = -to_num * h
+        tl.store(grad_num + offsets, to_num, mask=ok)
+        tl.store(grad_den + offsets, to_den, mask=ok)
+        if not FULL:
+            outside = tl.load(outside_weights + group * length + rows, mask=rows < length, other=0.0)
+            row_total = row_totals + (batch * n_blocks + block) * 2 * channels
+            tl.store(row_total + channel, tl.sum(outside[:, None] * to_num, axis=0), mask=channel_ok)
+            tl.store(row_total + channels + channel, tl.sum(outside[:, None] * to_den, axis=0), mask=channel_ok)
+
+
 # %% ../notebooks/10_aft_triton.ipynb #c000000b
 def _dot_dtype(tensor: Tensor):
     """The type `tl.dot` multiplies in for inputs like `tensor`, and whether it is lower than the
@@ -204,12 +255,6 @@ def _row_shifts(bias: Tensor, window: int, length: int, causal: bool, full: bool
         far = far_keys(positions, window, length, causal)
         row_shift = row_shifts(bias.to(acc), valid, far[:, None])[..., 0]
         return row_shift, torch.where(far, torch.exp(-row_shift), 0.0)
-
-
-def _in_blocks(x: Tensor, n_blocks: int, fill: float = 0.0) -> Tensor:
-    """`[B, T, c]` -> `[B, n, L, c]`, time padded to n L positions with `fill`."""
-    batch, length, channels = x.shape
-    return F.pad(x, (0, 0, 0, n_blocks * BLOCK - length), value=fill).view(batch, n_blocks, BLOCK, channels)
 
 
 def _carry(totals: Tensor, shift: Tensor, lag: int, causal: bool, reverse: bool) -> Tensor:
@@ -263,6 +308,47 @@ def _(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, rea
     return torch.empty_like(q), saved, torch.empty_like(saved)
 
 
+@torch.library.custom_op(f"{_OPERATOR}_block_totals", mutates_args=())
+def _block_totals(keys: Tensor, v: Tensor, shift: Tensor, key_ratio: int) -> Tensor:
+    """S_i = sum over block i of e^{K - c_i} [V | 1], `[B, n, 2d]` in the accumulation type."""
+    batch, length, channels = v.shape
+    tile, grid = _launch_shape(batch, length, channels, 1)
+    totals = torch.empty(batch, grid[0], 2 * channels, dtype=keys.dtype, device=v.device)
+    _block_totals_kernel[grid](
+        keys, v, shift, totals, length, channels, channels, key_ratio, grid[0],
+        v.stride(0), v.stride(1), keys.stride(0), keys.stride(1), L=BLOCK, C=tile, **LAUNCH)
+    return totals
+
+
+@_block_totals.register_fake
+def _(keys, v, shift, key_ratio):
+    batch, length, channels = v.shape
+    return v.new_empty(batch, triton.cdiv(length, BLOCK), 2 * channels, dtype=keys.dtype)
+
+
+@torch.library.custom_op(f"{_OPERATOR}_output_gradients", mutates_args=())
+def _output_gradients(q: Tensor, grad_out: Tensor, ratio: Tensor, den: Tensor, outside: Tensor, full: bool
+                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dQ (in q's type), g_num and g_den (in the accumulation type) and, unless `full`, each block's
+    row totals `[B, n, 2d]` (else empty); every `[B, T, d]` argument contiguous."""
+    batch, length, channels = q.shape
+    tile, grid = _launch_shape(batch, length, channels, outside.shape[0])
+    grad_q = torch.empty_like(q)
+    grad_num, grad_den = torch.empty_like(ratio), torch.empty_like(ratio)
+    row_totals = ratio.new_empty(0) if full else ratio.new_empty(batch, grid[0], 2 * channels)
+    _output_gradients_kernel[grid](
+        q, grad_out, ratio, den, outside, grad_q, grad_num, grad_den, row_totals,
+        length, channels, channels // outside.shape[0], grid[0], FULL=full, L=BLOCK, C=tile, **LAUNCH)
+    return grad_q, grad_num, grad_den, row_totals
+
+
+@_output_gradients.register_fake
+def _(q, grad_out, ratio, den, outside, full):
+    batch, length, channels = q.shape
+    row_totals = ratio.new_empty(0) if full else ratio.new_empty(batch, triton.cdiv(length, BLOCK), 2 * channels)
+    return torch.empty_like(q), torch.empty_like(ratio), torch.empty_like(ratio), row_totals
+
+
 @torch.library.custom_op(f"{_OPERATOR}_backward", mutates_args=())
 def _backward(keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, outside: Tensor, shift: Tensor,
               reverse_carry: Tensor,
@@ -313,10 +399,8 @@ class _TritonAFT(torch.autograd.Function):
         reach = n_blocks if full else triton.cdiv(window - 1, BLOCK)  # key blocks each side a block sees
         q, v = q.contiguous(), v.contiguous()
         carry = shift  # AFT-full reaches every block: no carry (the kernel reads none)
-        if not full:  # the block totals S_i = sum e^{K - c_i} [V | 1], carried to each block
-            b = torch.exp(_in_blocks(keys, n_blocks, float("-inf")) - key_shift[:, :, None])  # [B, n, L, k]
-            b = b.repeat_interleave(key_ratio, dim=-1) if key_ratio > 1 else b  # AFT-conv: per channel
-            totals = torch.cat([(b * _in_blocks(v.to(acc), n_blocks)).sum(2), b.sum(2)], dim=-1)
+        if not full:  # the block totals S_i, carried to each block
+            totals = _block_totals(keys, v, shift, key_ratio)
             carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal, reverse=False).contiguous()
         save = any(ctx.needs_input_grad)
         out, ratio, den = _forward(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, reach,
@@ -331,24 +415,17 @@ class _TritonAFT(torch.autograd.Function):
         q, keys, v, bias, row_shift, outside, shift, ratio, den = ctx.saved_tensors
         key_ratio, window, reach, causal, full, key_dtype = ctx.options
         batch, length, channels = q.shape
-        n_blocks = triton.cdiv(length, BLOCK)
-        gate = torch.sigmoid(q.to(keys.dtype))
-        upstream = grad_out.to(keys.dtype)
-        grad_q = (upstream * ratio * gate * (1 - gate)).to(q.dtype)
-        inverse = torch.where(den > 0, 1 / den.masked_fill(den <= 0, 1.0), 0.0)  # 1 / den, 0 without keys
-        grad_num = (upstream * gate * inverse).contiguous()
-        grad_den = (-grad_num * ratio).contiguous()
+        grad_q, grad_num, grad_den, row_totals = _output_gradients(q, grad_out.contiguous(), ratio, den, outside,
+                                                                   full)
         reverse_carry = shift  # AFT-full: none
-        if not full:  # row totals sum_t e^{-r_t} [g_num | g_den]_t per block, carried back to earlier blocks
-            per_channel = outside.T.repeat_interleave(channels // bias.shape[0], dim=1)  # e^{-r_t}, [T, d]
-            totals = torch.cat([_in_blocks(grad_num * per_channel, n_blocks).sum(2),
-                                _in_blocks(grad_den * per_channel, n_blocks).sum(2)], dim=-1)
-            reverse_carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal,
+        if not full:  # each block's row totals, carried back to the earlier blocks
+            reverse_carry = _carry(row_totals, torch.cat([shift, shift], dim=-1), reach + 1, causal,
                                    reverse=True).contiguous()
         bias_grad = ctx.needs_input_grad[3]
         grad_k, grad_v, grad_bias = _backward(keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num,
                                               grad_den, key_ratio, window, reach, causal, full, bias_grad)
-        grad_k = grad_k.view(batch, length, -1, key_ratio).sum(-1)  # AFT-conv: a head's channels share its key
+        if key_ratio > 1:  # AFT-conv: a head's channels share its key
+            grad_k = grad_k.view(batch, length, -1, key_ratio).sum(-1)
         return (grad_q, grad_k.to(key_dtype), grad_v.to(v.dtype), grad_bias.to(bias.dtype) if bias_grad else None,
                 None, None, None, None)
 

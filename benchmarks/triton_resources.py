@@ -4,7 +4,7 @@
     python benchmarks/triton_resources.py --targets 86 --launches 4x3,8x2x255 --variants causal-band
 
 Triton compiles for a GPU it does not have when it is given the target: this script compiles the
-forward and backward kernels, for each variant (causal or not, band or AFT-full) and input type
+four kernels (forward, backward, and the block totals and output gradients around them), for each variant (causal or not, band or AFT-full) and input type
 (float32, bf16, fp16), down to machine code for each target (`ptxas`, shipped in Triton's wheel), and
 prints what a launch needs: shared memory (against the most one block may have on that
 generation), registers per thread and bytes spilled to local memory. No speed is measured here;
@@ -40,9 +40,12 @@ TARGETS = {75: ("T4, RTX 20", 64 * 1024), 80: ("A100", 163 * 1024), 86: ("A10, R
 VARIANTS = {"causal-band": (True, False), "band": (False, False), "causal-full": (True, True), "full": (False, True)}
 # Each kernel argument's type: the inputs q, v and the output in the input type, everything the
 # kernels compute with in float32, sizes and strides as 32-bit integers.
-IN_INPUT_TYPE = {"q", "v", "out"}
+IN_INPUT_TYPE = {"q", "v", "out", "grad_out", "grad_q"}
 FLOAT32 = {"k", "bias", "row_shifts", "outside_weights", "shifts", "carries", "ratio_out", "den_out",
-           "reverse_carries", "grad_num", "grad_den", "grad_k", "grad_v", "grad_bias"}
+           "reverse_carries", "grad_num", "grad_den", "grad_k", "grad_v", "grad_bias", "ratio", "den", "totals",
+           "row_totals"}
+KERNELS = {"forward": "_forward_kernel", "backward": "_backward_kernel", "totals": "_block_totals_kernel",
+           "gradients": "_output_gradients_kernel"}
 INTEGERS = {"length", "channels", "group_channels", "key_ratio", "window", "reach", "n_blocks"}
 
 
@@ -82,16 +85,16 @@ def signature(kernel, input_type: str, constants: dict) -> dict:
     return types
 
 
-def resources(capability: int, direction: str, input_type: str, variant: str, launch: Launch,
+def resources(capability: int, name: str, input_type: str, variant: str, launch: Launch,
               spills: bool) -> tuple[int, int | None, int | None]:
     """Shared memory (bytes), and with `spills` registers per thread and spilled bytes, of one kernel
     at the widest channel tile (C = 64)."""
     causal, full = VARIANTS[variant]
-    kernel = aft_triton._forward_kernel if direction == "forward" else aft_triton._backward_kernel
+    kernel = getattr(aft_triton, KERNELS[name])
     low = input_type == "bf16"  # bf16 inputs multiply in bf16 on a GPU, fp16 and fp32 in float32 (`_dot_dtype`)
     constants = dict(CAUSAL=causal, FULL=full, LOW=low, DOT_DTYPE=tl.bfloat16 if low else tl.float32,
-                     L=aft_triton.BLOCK, C=64)
-    constants["SAVE" if direction == "forward" else "BIAS_GRAD"] = True  # the larger of the two
+                     L=aft_triton.BLOCK, C=64, SAVE=True, BIAS_GRAD=True)  # saving, and the bias gradient: larger
+    constants = {key: value for key, value in constants.items() if key in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, signature(kernel, input_type, constants), constants),
                               target=GPUTarget("cuda", capability, 32),
                               options={name: value for name, value in launch._asdict().items() if value is not None})
@@ -127,16 +130,16 @@ def main() -> int:
     print(f"the package launches with {package!r} (aft_triton.LAUNCH); Triton {triton.__version__}")
     print(f"{'target':<18} {'kernel':<9} {'type':<5} {'variant':<12} {'launch':>8} "
           f"{'shared KiB':>10} {'limit':>6} {'regs':>5} {'spilled B':>9}  fits")
-    kernels = list(itertools.product(map(int, args.targets.split(",")), ("forward", "backward"),
+    kernels = list(itertools.product(map(int, args.targets.split(",")), KERNELS,
                                      args.types.split(","), args.variants.split(","), launches))
     misfits = 0
     with ProcessPoolExecutor(args.jobs) as pool:  # each compilation takes seconds, on one core
         figures = pool.map(resources, *zip(*kernels), itertools.repeat(not args.no_spills))
-        for (capability, direction, input_type, variant, launch), (shared, registers, spilled) in zip(kernels, figures):
+        for (capability, name, input_type, variant, launch), (shared, registers, spilled) in zip(kernels, figures):
             cards, limit = TARGETS[capability]
             fits = shared <= limit
             misfits += not fits and launch == package
-            print(f"sm_{capability} {cards:<12} {direction:<9} {input_type:<5} {variant:<12} {str(launch):>8} "
+            print(f"sm_{capability} {cards:<12} {name:<9} {input_type:<5} {variant:<12} {str(launch):>8} "
                   f"{shared / 1024:>10.1f} {limit // 1024:>6} {registers or '-':>5} "
                   f"{'-' if spilled is None else spilled:>9}  {'yes' if fits else 'NO'}", flush=True)
     print(f"{misfits} kernel(s) that do not fit their target with the package's launch settings")
