@@ -442,7 +442,7 @@ def _check_runnable(q: Tensor) -> None:
 def triton_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
                 key_padding_mask: Tensor | None) -> Tensor:
     """AFT-local, AFT-conv and AFT-simple, as `chunked_band` takes them (band `[G, T, 2s - 1]`), in
-    Triton: one fused kernel forward, one backward."""
+    Triton: one fused kernel forward and one backward, each with a small one for the sums around it."""
     _check_runnable(q)
     if q.shape[1] == 0:
         return q * 0.0
