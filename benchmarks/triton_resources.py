@@ -19,6 +19,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from typing import NamedTuple
 from pathlib import Path
@@ -97,17 +98,15 @@ def resources(capability: int, name: str, input_type: str, variant: str, launch:
     constants = {key: value for key, value in constants.items() if key in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, signature(kernel, input_type, constants), constants),
                               target=GPUTarget("cuda", capability, 32),
-                              options={name: value for name, value in launch._asdict().items() if value is not None})
+                              options={setting: value for setting, value in launch._asdict().items() if value is not None})
     if not spills:
         return compiled.metadata.shared, None, None
-    ptx = Path(f"/tmp/aftalibi-{os.getpid()}.ptx")
-    try:
-        ptx.write_text(compiled.asm["ptx"])
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:  # assembled again, with -v for its report
+        ptx.write(compiled.asm["ptx"])
+        ptx.flush()
         arch = f"sm_{capability}a" if capability >= 90 else f"sm_{capability}"
-        log = subprocess.run([get_ptxas(capability).path, "-v", f"--gpu-name={arch}", str(ptx), "-o", os.devnull],
+        log = subprocess.run([get_ptxas(capability).path, "-v", f"--gpu-name={arch}", ptx.name, "-o", os.devnull],
                              capture_output=True, text=True, check=True).stderr
-    finally:
-        ptx.unlink(missing_ok=True)
     registers = int(re.search(r"Used (\d+) registers", log).group(1))
     spilled = int(re.search(r"(\d+) bytes spill stores", log).group(1))
     return compiled.metadata.shared, registers, spilled
@@ -125,6 +124,12 @@ def main() -> int:
     parser.add_argument("--no-spills", action="store_true", help="shared memory only: skip ptxas -v (faster)")
     parser.add_argument("--jobs", type=int, default=os.cpu_count(), help="compilations at once (default: one a core)")
     args = parser.parse_args()
+    for option, given, known in (("--targets", args.targets.split(","), map(str, TARGETS)),
+                                 ("--variants", args.variants.split(","), VARIANTS),
+                                 ("--types", args.types.split(","), ("fp32", "bf16", "fp16"))):
+        known = list(known)
+        if unknown := [value for value in given if value not in known]:
+            parser.error(f"{option}: unknown {', '.join(unknown)}; expected some of {', '.join(known)}")
     package = Launch(**aft_triton.LAUNCH)
     launches = args.launches or [package]
     print(f"the package launches with {package!r} (aft_triton.LAUNCH); Triton {triton.__version__}")
