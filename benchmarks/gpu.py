@@ -43,7 +43,7 @@ from aftalibi.aft import (AFTLocal, aft_conv, aft_full, aft_kernel, aft_local, a
 from aftalibi.alibi import AlibiMultiHeadAttention, alibi_attention_reference, get_slopes  # noqa: E402
 from aftalibi.attention import MultiHeadAttention  # noqa: E402
 from aftalibi.model import LanguageModel, ModelConfig  # noqa: E402
-from measure import Projections  # noqa: E402
+from measure import Launch, Projections  # noqa: E402
 
 
 def gpu_kernels() -> list[str]:
@@ -286,26 +286,14 @@ def model_table(device, quick):
         print(f"{mixer:<12} {kernel:<12} " + " ".join(f"{c:>24}" for c in cells), flush=True)
 
 
-def launch_settings(text: str) -> tuple[int, int]:
-    """'8x2' -> (num_warps 8, num_stages 2)."""
-    try:
-        warps, stages = (int(part) for part in text.split("x"))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected WARPSxSTAGES such as 8x2, got {text!r}") from None
-    if warps not in (1, 2, 4, 8, 16) or stages < 1:
-        raise argparse.ArgumentTypeError(f"expected a power of two from 1 to 16 warps and at least 1 stage, "
-                                         f"got {text!r}")
-    return warps, stages
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--quick", action="store_true", help="small sizes (a CPU check of the script)")
     parser.add_argument("--sections", nargs="+", default=["correctness", "layer", "model"],
                         choices=["correctness", "layer", "model"])
-    parser.add_argument("--triton-launch", type=launch_settings, metavar="WARPSxSTAGES",
-                        help="launch the Triton kernels with this num_warps and num_stages instead of the package's "
+    parser.add_argument("--triton-launch", type=Launch.parse, metavar="WARPSxSTAGES[xMAXNREG]",
+                        help="launch the Triton kernels with these settings instead of the package's "
                              "(aftalibi.aft_triton.LAUNCH); to compare settings, run once with each")
     args = parser.parse_args()
     device = torch.device(args.device)
@@ -316,7 +304,7 @@ def main() -> None:
     if "triton" in gpu_kernels():
         aft_triton = importlib.import_module("aftalibi.aft_triton")
         if args.triton_launch:
-            aft_triton.LAUNCH.update(num_warps=args.triton_launch[0], num_stages=args.triton_launch[1])
+            aft_triton.LAUNCH.update(args.triton_launch.options())
         triton = f"Triton {importlib.import_module('triton').__version__} (launched with {aft_triton.LAUNCH})"
     print(f"{name}, torch {torch.__version__}, {triton}, AFT kernel on this device: {default_aft_kernel(device)}")
     start = time.perf_counter()

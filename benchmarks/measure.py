@@ -6,9 +6,11 @@ maximum belongs to that step alone; it counts every byte the step touched, which
 made it (torch's CPU allocator keeps no peak counter of its own).
 """
 
+import argparse
 import resource
 import statistics
 import time
+from typing import NamedTuple
 
 import torch.nn as nn
 
@@ -64,3 +66,31 @@ class Projections(nn.Module):
 
     def forward(self, x):
         return self.out(self.to_q(x) * self.to_k(x) * self.to_v(x))
+
+
+class Launch(NamedTuple):
+    """Launch settings of a Triton kernel: warps a program, pipeline stages, and the most registers a
+    thread (None: the assembler chooses, or, given to `apply`, the package's setting stays)."""
+    num_warps: int
+    num_stages: int
+    maxnreg: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "Launch":
+        """'8x2' or '8x1x255' (WARPSxSTAGES[xMAXNREG]), for argparse."""
+        try:
+            launch = cls(*(int(part) for part in text.split("x")))
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"expected WARPSxSTAGES or WARPSxSTAGESxMAXNREG such as 8x2, "
+                                             f"got {text!r}") from None
+        if launch.num_warps not in (1, 2, 4, 8, 16) or launch.num_stages < 1 or not 0 < (launch.maxnreg or 1) <= 255:
+            raise argparse.ArgumentTypeError(f"expected 1, 2, 4, 8 or 16 warps, at least 1 stage and at most 255 "
+                                             f"registers, got {text!r}")
+        return launch
+
+    def options(self) -> dict:
+        """The settings given, as Triton's keyword arguments."""
+        return {setting: value for setting, value in self._asdict().items() if value is not None}
+
+    def __str__(self) -> str:
+        return "x".join(str(part) for part in self if part is not None)

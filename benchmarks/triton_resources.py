@@ -21,7 +21,6 @@ import subprocess
 import sys
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
-from typing import NamedTuple
 from pathlib import Path
 
 os.environ.pop("TRITON_INTERPRET", None)  # compile real kernels, not the interpreter's
@@ -34,6 +33,7 @@ from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from aftalibi import aft_triton  # noqa: E402
+from measure import Launch  # noqa: E402
 
 # Compute capability -> (cards, the most shared memory one block may use: CUDA's opt-in limit, bytes).
 TARGETS = {75: ("T4, RTX 20", 64 * 1024), 80: ("A100", 163 * 1024), 86: ("A10, RTX 30", 99 * 1024),
@@ -48,25 +48,6 @@ FLOAT32 = {"k", "bias", "row_shifts", "outside_weights", "shifts", "carries", "r
 KERNELS = {"forward": "_forward_kernel", "backward": "_backward_kernel", "totals": "_block_totals_kernel",
            "gradients": "_output_gradients_kernel"}
 INTEGERS = {"length", "channels", "group_channels", "key_ratio", "window", "reach", "n_blocks"}
-
-
-class Launch(NamedTuple):
-    """Triton's launch settings: warps a program, pipeline stages, and the most registers a thread
-    (None: the assembler chooses)."""
-    num_warps: int
-    num_stages: int
-    maxnreg: int | None = None
-
-    @classmethod
-    def parse(cls, text: str) -> "Launch":
-        """'8x1x255' or '4x3' (WARPSxSTAGES[xMAXNREG])."""
-        try:
-            return cls(*(int(part) for part in text.split("x")))
-        except (TypeError, ValueError):
-            raise argparse.ArgumentTypeError(f"expected WARPSxSTAGES or WARPSxSTAGESxMAXNREG, got {text!r}") from None
-
-    def __str__(self) -> str:
-        return "x".join(str(part) for part in self if part is not None)
 
 
 def signature(kernel, input_type: str, constants: dict) -> dict:
@@ -98,7 +79,7 @@ def resources(capability: int, name: str, input_type: str, variant: str, launch:
     constants = {key: value for key, value in constants.items() if key in kernel.arg_names}
     compiled = triton.compile(ASTSource(kernel, signature(kernel, input_type, constants), constants),
                               target=GPUTarget("cuda", capability, 32),
-                              options={setting: value for setting, value in launch._asdict().items() if value is not None})
+                              options=launch.options())
     if not spills:
         return compiled.metadata.shared, None, None
     with tempfile.NamedTemporaryFile("w", suffix=".ptx") as ptx:  # assembled again, with -v for its report
