@@ -306,6 +306,9 @@ def add_extrapolate_parser(commands) -> None:
                             metavar="NAME" if name == "variants" else "N", help=field.metadata["help"])
     parser.add_argument("--out", type=Path, default=Path("notebooks/results/extrapolation.json"),
                         help="where the results JSON is written")
+    parser.add_argument("--save-models", type=Path, default=None, metavar="FOLDER",
+                        help="also save every trained model in this folder, as a checkpoint that generate --checkpoint "
+                             "reads; models already saved there by this configuration are loaded, not trained again")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads of torch (default: torch's choice); 1 is fastest on a CPU shared with other jobs")
 
@@ -320,13 +323,16 @@ def extrapolate_command(args, argv: list[str]) -> int:
     config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
     if args.out.is_dir():
         raise ValueError(f"--out must be a file path, {args.out} is a folder")
+    if args.save_models is not None and args.save_models.exists() and not args.save_models.is_dir():
+        raise ValueError(f"--save-models must be a folder, {args.save_models} is a file")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     command = "python -m aftalibi " + " ".join(shlex.quote(arg) for arg in argv)
     # Saved after every model; the same command continues the file, another configuration is refused.
-    results = run_experiment(config, path=args.out, command=command, log=lambda line: print(line, flush=True))
+    results = run_experiment(config, path=args.out, models=args.save_models, command=command,
+                             log=lambda line: print(line, flush=True))
     print(f"wrote {args.out}: {len(results['training'])} models, {len(results['sweep'])} sweep points, "
           f"{results['wall_seconds'] / 60:.1f} min of work in all")
     return 0

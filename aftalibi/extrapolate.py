@@ -22,14 +22,15 @@ import aftalibi
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
-from .train import TrainConfig, learning_rate_factor, make_optimizer, training_precision
+from .train import (TrainConfig, learning_rate_factor, load_checkpoint, make_optimizer, model_from_checkpoint,
+                            save_checkpoint, training_precision)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
            'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'train_model',
-           'evaluate_lengths', 'run_experiment', 'check_results', 'save_results', 'load_results', 'mean_interval',
-           'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation', 'plot_window_sweep',
-           'outside_window_share']
+           'evaluate_lengths', 'saved_model_path', 'run_experiment', 'check_results', 'save_results', 'load_results',
+           'mean_interval', 'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation',
+           'plot_window_sweep', 'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is shared. The order is
@@ -333,8 +334,14 @@ def _differences(old: dict, new: dict) -> str:
                      if old.get(name) != new.get(name))
 
 
-def run_experiment(config: ExtrapolationConfig, *, path=None, command: str = "aftalibi.extrapolate.run_experiment",
-                   log: Callable[[str], None] = print) -> dict:
+def saved_model_path(models: Path, variant: str, seed: int, window: int | None = None) -> Path:
+    """The file in the folder `models` that keeps one trained model of `run_experiment`:
+    `alibi-seed0.pt` for a main model, `sweep-aft-local-window16-seed0.pt` for one of the window sweep."""
+    return Path(models) / (f"{variant}-seed{seed}.pt" if window is None else f"sweep-{variant}-window{window}-seed{seed}.pt")
+
+
+def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
+                   command: str = "aftalibi.extrapolate.run_experiment", log: Callable[[str], None] = print) -> dict:
     """Train every variant and seed, evaluate each at every length, then the window sweep; returns the results.
 
     The order makes a stopped run as informative as it can be: the first seed of every variant,
@@ -343,6 +350,11 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, command: str = "af
     holds results of the same configuration is continued: its finished models are kept and
     skipped, and `command` is added to its runs. A file of another configuration or format is
     refused, never overwritten.
+
+    With `models` (a folder), every model it trains is saved there as a checkpoint that
+    `model_from_checkpoint` and `generate --checkpoint` read (`saved_model_path` names the files).
+    A model already saved there by a run of the same configuration is loaded instead of trained
+    again; a file there from another configuration is refused, never overwritten.
     """
     path = None if path is None else Path(path)
     configuration = _jsonable(asdict(config))
@@ -371,16 +383,37 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, command: str = "af
         results["wall_seconds"] += seconds
         return value, seconds
 
+    def trained(variant: str, seed: int, window: int | None = None) -> tuple[LanguageModel, float, float]:
+        """A model (of the sweep when `window` is given), its last training loss and its training seconds:
+        trained now (and saved in `models`), or loaded from `models` where a run of this configuration saved it."""
+        model_config = config.model_config(variant, vocab_size, window=window)
+        identity = {"config": configuration, "variant": variant, "seed": seed, "window": window}
+        file = None if models is None else saved_model_path(models, variant, seed, window)
+        if file is not None and file.exists():
+            saved = load_checkpoint(file)
+            if saved.get("extrapolation") != identity:
+                raise ValueError(f"{file} holds a model of another experiment or configuration: save this run's models "
+                                 "in another folder, or move that file")
+            model, _ = model_from_checkpoint(saved)
+            log(f"{file}: saved by an earlier run of this configuration, loaded instead of trained again")
+            return model, saved["train_loss"], saved["train_seconds"]
+        (model, train_loss), seconds = timed(lambda: train_model(model_config, config, train_tokens, seed))
+        if file is not None:
+            save_checkpoint(file, {"model_config": asdict(model_config), "train_config": asdict(config.schedule(seed)),
+                                   "tokenizer": corpus.tokenizer.state_dict(), "model": model.state_dict(),
+                                   "step": config.steps, "train_loss": train_loss, "train_seconds": seconds,
+                                   "extrapolation": identity})
+        return model, train_loss, seconds
+
     done = {(r["variant"], r["seed"]) for r in results["training"]}
     for seed in config.seeds:
         for variant in config.variants:
             if (variant, seed) in done:
                 continue
-            model_config = config.model_config(variant, vocab_size)
-            (model, train_loss), train_seconds = timed(lambda: train_model(model_config, config, train_tokens, seed))
+            model, train_loss, train_seconds = trained(variant, seed)
             records, eval_seconds = timed(lambda: evaluate_lengths(model, segments, config))
             results["training"].append({"variant": variant, "seed": seed, "parameters": model.num_parameters(),
-                                        "d_ff": model_config.d_ff, "train_loss": train_loss,
+                                        "d_ff": model.config.d_ff, "train_loss": train_loss,
                                         "train_seconds": train_seconds, "eval_seconds": eval_seconds})
             results["evaluations"] += [{"variant": variant, "seed": seed, **record} for record in records]
             save()
@@ -399,10 +432,10 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, command: str = "af
             loss = at_train_len.get((config.sweep_variant, seed)) if window == config.window else None
             reused, seconds = loss is not None, 0.0
             if not reused:
-                def train_and_score() -> float:
-                    model, _ = train_model(model_config, config, train_tokens, seed)
-                    return torch.cat([token_losses(model, segment, config.train_len) for segment in segments]).mean().item()
-                loss, seconds = timed(train_and_score)
+                model, _, seconds = trained(config.sweep_variant, seed, window)
+                loss, score_seconds = timed(lambda: torch.cat([token_losses(model, segment, config.train_len)
+                                                               for segment in segments]).mean().item())
+                seconds += score_seconds
             results["sweep"].append({"variant": config.sweep_variant, "window": window, "seed": seed, "loss": loss,
                                      "parameters": _parameter_count(model_config), "d_ff": model_config.d_ff,
                                      "seconds": seconds, "reused": reused})

@@ -3,6 +3,7 @@ training length, the results file, and the command line's bad input."""
 
 import json
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,10 +15,11 @@ from aftalibi.aft import band_of
 from aftalibi.extrapolate import (MODES, RESULTS_FORMAT, VARIANTS, ExtrapolationConfig, NotApplicable,
                                   evaluate_lengths, evaluation_segments, extend_to_length, findings, load_results,
                                   mean_interval, outside_window_share, plot_extrapolation, plot_window_sweep,
-                                  results_table, run_experiment, save_results, summarize, sweep_summary, token_losses,
-                                  window_starts)
+                                  results_table, run_experiment, save_results, saved_model_path, summarize,
+                                  sweep_summary, token_losses, window_starts)
+from aftalibi.data import load_corpus
 from aftalibi.model import LanguageModel, ModelConfig
-from aftalibi.train import evaluate
+from aftalibi.train import evaluate, load_checkpoint, model_from_checkpoint
 
 TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
         "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 40
@@ -247,6 +249,40 @@ def test_a_rerun_continues_the_file_and_another_configuration_is_refused(corpus_
     assert path.read_bytes() == before  # refused, not overwritten
 
 
+def test_saved_models_are_checkpoints_that_a_rerun_loads_instead_of_training(corpus_file, tmp_path, monkeypatch):
+    import aftalibi.extrapolate as extrapolate
+
+    config = ExtrapolationConfig(**{**TINY, "seeds": (0,)}, corpus=corpus_file, variants=("alibi", "aft-local"))
+    models = tmp_path / "models"
+    first = run_experiment(config, path=tmp_path / "first.json", models=models, log=lambda line: None)
+    # The main models, and the sweep's one model that is not a main model (window 2; window 4 is aft-local's own).
+    assert sorted(file.name for file in models.iterdir()) == [
+        "aft-local-seed0.pt", "alibi-seed0.pt", "sweep-aft-local-window2-seed0.pt"]
+    assert saved_model_path(models, "aft-local", 0, window=2) == models / "sweep-aft-local-window2-seed0.pt"
+    state = load_checkpoint(models / "alibi-seed0.pt")
+    model, tokenizer = model_from_checkpoint(state)
+    assert state["train_loss"] == first["training"][0]["train_loss"] and len(tokenizer) == model.config.vocab_size
+    segments = config.validation_segments(load_corpus(corpus_file))
+    assert evaluate_lengths(model, segments, config) == [
+        {k: v for k, v in r.items() if k not in ("variant", "seed")} for r in first["evaluations"] if r["variant"] == "alibi"]
+    # A new results file beside the same models: every model is loaded, none trained, the same results.
+    monkeypatch.setattr(extrapolate, "train_model", lambda *args, **kwargs: pytest.fail("a saved model was retrained"))
+    logged = []
+    second = run_experiment(config, path=tmp_path / "second.json", models=models, log=logged.append)
+    def without_eval_time(records):
+        return [{k: v for k, v in r.items() if k != "eval_seconds"} for r in records]
+
+    assert without_eval_time(second["training"]) == without_eval_time(first["training"])  # train time as saved
+    assert second["evaluations"] == first["evaluations"]
+    assert [r["loss"] for r in second["sweep"]] == [r["loss"] for r in first["sweep"]]
+    assert sum("loaded instead of trained again" in line for line in logged) == 3
+    # Models of another configuration are refused, and left as they were.
+    before = (models / "alibi-seed0.pt").read_bytes()
+    with pytest.raises(ValueError, match="alibi-seed0.pt holds a model of another experiment or configuration"):
+        run_experiment(replace(config, steps=4), models=models, log=lambda line: None)
+    assert (models / "alibi-seed0.pt").read_bytes() == before
+
+
 def test_partial_results_render(corpus_file, tmp_path, monkeypatch):
     """What notebook 07 draws from a file the background run is still writing: some variants, no sweep."""
     import matplotlib
@@ -307,9 +343,11 @@ def test_command_line_runs_end_to_end(corpus_file, tmp_path, capsys):
     argv = ["extrapolate", "--corpus", corpus_file, "--train-len", "8", "--factors", "1", "2", "--d-model", "16",
             "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--factor-dim", "4", "--steps", "2",
             "--batch-size", "2", "--warmup-steps", "1", "--eval-tokens", "32", "--eval-segments", "2",
-            "--variants", "alibi", "mha-learned", "--seeds", "0", "--sweep-windows", "--threads", "1", "--out", str(out)]
+            "--variants", "alibi", "mha-learned", "--seeds", "0", "--sweep-windows", "--threads", "1",
+            "--save-models", str(tmp_path / "models"), "--out", str(out)]
     assert main(argv) == 0
     results = load_results(out)
+    assert sorted(file.name for file in (tmp_path / "models").iterdir()) == ["alibi-seed0.pt", "mha-learned-seed0.pt"]
     assert results["runs"][0]["command"] == "python -m aftalibi " + " ".join(argv)
     assert results["complete"] and results["sweep"] == [] and results["config"]["variants"] == ["alibi", "mha-learned"]
     assert "wrote" in capsys.readouterr().out
@@ -334,6 +372,9 @@ def test_command_line_bad_input_is_one_error_line(argv, message, capsys):
 def test_command_line_refuses_a_folder_as_output(tmp_path, capsys):
     assert main(["extrapolate", "--out", str(tmp_path)]) == 2
     assert capsys.readouterr().err == f"aftalibi extrapolate: error: --out must be a file path, {tmp_path} is a folder\n"
+    (tmp_path / "models").write_text("not a folder")
+    assert main(["extrapolate", "--save-models", str(tmp_path / "models")]) == 2
+    assert capsys.readouterr().err.endswith(f"--save-models must be a folder, {tmp_path / 'models'} is a file\n")
 
 
 def test_command_line_rejects_unknown_variants(capsys):
