@@ -69,6 +69,28 @@ def test_the_triton_kernels_fit_the_shared_memory_of_every_gpu_generation():
     assert re.search(r"^sm_86 .* forward .* 144\.0 +99 .*NO$", default.stdout, flags=re.MULTILINE), default.stdout
 
 
+def test_train_speed_compares_against_plain_mixers_that_compute_the_same_model(monkeypatch):
+    """train_speed.py's plain column swaps each token mixer for the papers' formula written directly:
+    a ratio against it means something only if the plain model computes the same function."""
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))  # where the script finds its helpers
+    spec = importlib.util.spec_from_file_location("train_speed", ROOT / "benchmarks" / "train_speed.py")
+    train_speed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(train_speed)
+    for options, _, _ in train_speed.CONFIGURATIONS.values():
+        torch.manual_seed(0)
+        model = train_speed.LanguageModel(train_speed.ModelConfig(vocab_size=80, **{**options, "n_layers": 2}))
+        for module in model.modules():  # nonzero AFT-local biases, inside and outside the window
+            if isinstance(module, train_speed.AFTLocal):
+                torch.nn.init.normal_(module.band, std=2.0)
+        tokens = torch.randint(0, 80, (2, 48))
+        expected, _ = model(tokens)
+        assert train_speed.use_plain_mixers(model) == 2
+        plain, _ = model(tokens)
+        torch.testing.assert_close(plain, expected, atol=1e-4, rtol=1e-4)
+
+
 @pytest.mark.parametrize("script,arguments,expected", [
     ("attention_baseline.py", ["--lengths", "64", "--batch", "1", "--d-model", "32", "--heads", "2", "--repeats", "1"],
      "64"),
