@@ -218,8 +218,9 @@ def key_shifts(keys: Tensor, block: int, causal: bool, acc: torch.dtype, from_th
         if not causal:
             shift = keys.amax(dim=1, keepdim=True).expand(batch, n_blocks, channels)
             return torch.where(shift.isfinite(), shift, torch.zeros_like(shift)), 0.0
-        blocks = F.pad(keys, (0, 0, 0, n_blocks * block - length), value=float("-inf")).view(batch, n_blocks, block,
-                                                                                              channels)
+        padding = n_blocks * block - length  # none: the blocks are a view of the keys (no copy)
+        padded = keys if padding == 0 else F.pad(keys, (0, 0, 0, padding), value=float("-inf"))
+        blocks = padded.unflatten(1, (n_blocks, block))  # [B, n, L, k], -inf past the end
         ends = blocks.amax(dim=2).cummax(dim=1).values  # running max at each block's end, [B, n, k]
         if not from_the_past:
             return monotone_shift(ends, dim=1), 0.0
