@@ -113,9 +113,13 @@ def test_aft_kernel_chooses_the_implementation_and_every_one_trains_alike(corpus
     """--aft-kernel reaches every AFT layer of the run, evaluation included: the same AFT-local run
     by the CPU kernel and by the fused Triton kernels (Triton's interpreter) ends at the same losses."""
     from aftalibi import aft_kernels
-    chosen = []
-    selected = aft_kernels.selected_aft_kernel
-    monkeypatch.setattr(aft_kernels, "selected_aft_kernel", lambda device: chosen.append(selected(device)) or chosen[-1])
+    chosen, selected = [], aft_kernels.selected_aft_kernel
+
+    def recorded(device) -> str:  # the kernel each AFT call runs, noted on its way
+        chosen.append(selected(device))
+        return chosen[-1]
+
+    monkeypatch.setattr(aft_kernels, "selected_aft_kernel", recorded)
     model = {**TINY_MODEL, "mixer": "aft-local", "max_len": 16, "window": 4}
     runs = {kernel: train(model, tiny_run(corpus_file, tmp_path / kernel, max_steps=8, eval_every=8, eval_seq_len=16,
                                           precision="float32", aft_kernel=kernel), quiet=True)
