@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from measure import Projections, interleaved_medians, seconds_and_peak_mib
+from measure import Projections, interleaved_medians, plain_aft, seconds_and_peak_mib
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure the aftalibi of this checkout
 
@@ -46,10 +46,7 @@ class DenseAFTLocal(nn.Module):
         distance = torch.arange(length)[:, None] - torch.arange(length)[None, :]  # t - t'
         w = self.w[:length, :length].masked_fill(distance.abs() >= self.window, 0.0)
         w = w.masked_fill(distance < 0, float("-inf"))  # causal
-        weights = torch.exp(k - k.amax(dim=1, keepdim=True))  # [B, T, d]
-        num = torch.exp(w) @ (weights * v)  # [T, T] @ [B, T, d]
-        den = torch.exp(w) @ weights
-        return self.out(torch.sigmoid(q) * num / den)
+        return self.out(plain_aft(q, k, v, w))
 
 
 def make_layer(name: str, d_model: int, length: int, window: int) -> nn.Module:

@@ -20,13 +20,12 @@ nothing of another measurement. Ratios are against the plain layer measured in t
 
 import argparse
 import json
-import math
 import subprocess
 import sys
 import time
 
 import torch
-from measure import interleaved_medians, seconds_and_peak_mib
+from measure import interleaved_medians, plain_attention, seconds_and_peak_mib
 
 
 def naive_layer(d_model: int, n_heads: int) -> torch.nn.Module:
@@ -44,8 +43,7 @@ def naive_layer(d_model: int, n_heads: int) -> torch.nn.Module:
         def forward(self, x):
             batch, length, d = x.shape
             q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
-            scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head) + alibi_bias(self.slopes, length, length)
-            y = torch.softmax(scores, dim=-1) @ v  # [B, H, T, d_head]
+            y = plain_attention(q, k, v, alibi_bias(self.slopes, length, length))  # [B, H, T, d_head]
             return self.out(y.transpose(1, 2).reshape(batch, length, d))
 
     return NaiveAlibi()

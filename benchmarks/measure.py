@@ -7,12 +7,15 @@ made it (torch's CPU allocator keeps no peak counter of its own).
 """
 
 import argparse
+import math
 import resource
 import statistics
 import time
 from typing import NamedTuple
 
+import torch
 import torch.nn as nn
+from torch import Tensor
 
 
 def current_rss_kib() -> int:
@@ -55,6 +58,21 @@ def interleaved_medians(steps: dict, repeats: int) -> dict:
             step()
             times[name].append(time.perf_counter() - start)
     return {name: statistics.median(seconds) for name, seconds in times.items()}
+
+
+def plain_aft(q: Tensor, k: Tensor, v: Tensor, w: Tensor) -> Tensor:
+    """AFT as the paper writes it, sigmoid(Q) * (exp(w) @ (exp(K) * V)) / (exp(w) @ exp(K)), with a dense
+    `[T, T]` bias w (-inf for the pairs a query may not use) and q, k, v `[B, T, d]`: the baseline that
+    our kernels are timed against. The maxima of K and w come out of the exponentials (they cancel)."""
+    exp_w = torch.exp(w - w.max())  # [T, T]
+    exp_k = torch.exp(k - k.amax(dim=1, keepdim=True))  # [B, T, d]
+    return torch.sigmoid(q) * (exp_w @ (exp_k * v)) / (exp_w @ exp_k)
+
+
+def plain_attention(q: Tensor, k: Tensor, v: Tensor, bias: Tensor) -> Tensor:
+    """softmax(q k^T / sqrt(d_head) + bias) v with the whole `[T, T]` scores in memory: the straightforward
+    attention (ALiBi's when `bias` is ALiBi's), q, k, v `[B, H, T, d_head]`."""
+    return torch.softmax(q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias, dim=-1) @ v
 
 
 class Projections(nn.Module):

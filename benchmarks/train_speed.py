@@ -14,10 +14,9 @@ tokens from an 80-character vocabulary.
 """
 
 import argparse
-import math
 
 import torch
-from measure import interleaved_medians
+from measure import interleaved_medians, plain_aft, plain_attention
 from torch import Tensor
 
 from aftalibi.aft import AFTLocal
@@ -36,9 +35,8 @@ CONFIGURATIONS = {
 
 
 class PlainAFTLocal(AFTLocal):
-    """AFT-local as the paper writes it: Y = sigmoid(Q) * (exp(w) @ (exp(K) * V)) / (exp(w) @ exp(K)),
-    with the band spread into a dense [T, T] bias (0 outside the window, the future masked when causal).
-    The maxima of K and w are taken out of the exponentials so that they cannot overflow."""
+    """AFT-local as the paper writes it (`plain_aft`), the band spread into a dense [T, T] bias: 0
+    outside the window, the future masked when causal."""
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
         q, k, v = self._project(x, key_padding_mask)
@@ -50,18 +48,14 @@ class PlainAFTLocal(AFTLocal):
         w = torch.where(inside, w, torch.zeros(()))  # [T, T]
         if self.causal:
             w = w.masked_fill(offset > 0, float("-inf"))
-        exp_w = torch.exp(w - w.max())  # [T, T]
-        exp_k = torch.exp(k - k.amax(dim=1, keepdim=True))  # [B, T, d]
-        return self.out(torch.sigmoid(q) * (exp_w @ (exp_k * v)) / (exp_w @ exp_k))
+        return self.out(plain_aft(q, k, v, w))
 
 
 class PlainAlibi(AlibiMultiHeadAttention):
-    """ALiBi as the paper writes it: softmax(q k^T / sqrt(d_head) + bias) v with the whole [T, T] bias."""
+    """ALiBi as the paper writes it (`plain_attention` with the whole [T, T] ALiBi bias)."""
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask: Tensor | None) -> Tensor:
-        bias = alibi_bias(self.slopes, q.shape[-2], k.shape[-2], causal=self.causal)  # [1, H, T, T]
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias
-        return torch.softmax(scores, dim=-1) @ v
+        return plain_attention(q, k, v, alibi_bias(self.slopes, q.shape[-2], k.shape[-2], causal=self.causal))
 
 
 PLAIN_MIXERS = {AFTLocal: PlainAFTLocal, AlibiMultiHeadAttention: PlainAlibi}
