@@ -2,8 +2,9 @@
 
     python benchmarks/train_speed.py [--steps 10] [--threads 2]
 
-Runs two small models, one AFT-local and one ALiBi, and prints our tokens/s next to those of a
-plain implementation of the same models, measured in the same run: the same model and weights with
+Runs two small models, one AFT-local and one ALiBi, each at its training length and at a longer
+one, and prints our tokens/s next to those of a plain implementation of the same models, measured
+in the same run: the same model and weights with
 its token mixer swapped for the papers' formula written directly in PyTorch (AFT-local as
 exp(w) @ (exp(K) * V) with a dense [T, T] bias, ALiBi as an explicit softmax over a [T, T] bias).
 Each runs in float32 and with the forward pass under bf16 autocast (what the trainer's
