@@ -323,8 +323,6 @@ def extrapolate_command(args, argv: list[str]) -> int:
     config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
     if args.out.is_dir():
         raise ValueError(f"--out must be a file path, {args.out} is a folder")
-    if args.save_models is not None and args.save_models.exists() and not args.save_models.is_dir():
-        raise ValueError(f"--save-models must be a folder, {args.save_models} is a file")
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")

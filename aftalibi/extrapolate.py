@@ -356,7 +356,9 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
     A model already saved there by a run of the same configuration is loaded instead of trained
     again; a file there from another configuration is refused, never overwritten.
     """
-    path = None if path is None else Path(path)
+    path, models = (None if where is None else Path(where) for where in (path, models))
+    if models is not None and models.exists() and not models.is_dir():  # refused before any training
+        raise ValueError(f"{models} is a file: the trained models need a folder")
     configuration = _jsonable(asdict(config))
     results = {"format": RESULTS_FORMAT, "complete": False, "config": configuration, "wall_seconds": 0.0,
                "device": "cpu", "extension": RELATIVE_EXTENSION if config.extend_absolute else None,

@@ -88,7 +88,8 @@ class Projections(nn.Module):
 
 class Launch(NamedTuple):
     """Launch settings of a Triton kernel: warps a program, pipeline stages, and the most registers a
-    thread (None: the assembler chooses, or, given to `apply`, the package's setting stays)."""
+    thread (None: left out of `options`, so the assembler chooses, or an update of the package's
+    `LAUNCH` keeps its setting)."""
     num_warps: int
     num_stages: int
     maxnreg: int | None = None

@@ -281,6 +281,10 @@ def test_saved_models_are_checkpoints_that_a_rerun_loads_instead_of_training(cor
     with pytest.raises(ValueError, match="alibi-seed0.pt holds a model of another experiment or configuration"):
         run_experiment(replace(config, steps=4), models=models, log=lambda line: None)
     assert (models / "alibi-seed0.pt").read_bytes() == before
+    # A file where the folder should be is refused before any model is trained.
+    monkeypatch.setattr(extrapolate, "train_model", lambda *args, **kwargs: pytest.fail("trained before the refusal"))
+    with pytest.raises(ValueError, match="alibi-seed0.pt is a file: the trained models need a folder"):
+        run_experiment(config, models=models / "alibi-seed0.pt", log=lambda line: None)
 
 
 def test_partial_results_render(corpus_file, tmp_path, monkeypatch):
@@ -374,7 +378,7 @@ def test_command_line_refuses_a_folder_as_output(tmp_path, capsys):
     assert capsys.readouterr().err == f"aftalibi extrapolate: error: --out must be a file path, {tmp_path} is a folder\n"
     (tmp_path / "models").write_text("not a folder")
     assert main(["extrapolate", "--save-models", str(tmp_path / "models")]) == 2
-    assert capsys.readouterr().err.endswith(f"--save-models must be a folder, {tmp_path / 'models'} is a file\n")
+    assert capsys.readouterr().err.endswith(f"{tmp_path / 'models'} is a file: the trained models need a folder\n")
 
 
 def test_command_line_rejects_unknown_variants(capsys):
