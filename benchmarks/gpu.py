@@ -14,7 +14,7 @@
 3. The whole model (6 blocks, d_model 384, 6 heads, d_ff 1536, AdamW, bf16 autocast): tokens/s at
    T=512, B=64 and T=2048, B=16, and peak memory, for each mixer.
 
-Where Triton is installed, every AFT measurement runs under both GPU implementations, the
+Where Triton's kernels can run, every AFT measurement runs under both GPU implementations, the
 blockwise `gpu-chunked` and the fused `triton` (on a CPU, in Triton's interpreter: slow, for
 checking the script only).
 
@@ -46,9 +46,17 @@ from aftalibi.model import LanguageModel, ModelConfig  # noqa: E402
 from measure import Launch, Projections  # noqa: E402
 
 
-def gpu_kernels() -> list[str]:
-    """The AFT implementations written for GPUs that this machine can run."""
-    return ["gpu-chunked"] + (["triton"] if importlib.util.find_spec("triton") is not None else [])
+def triton_unavailable_reason(device: torch.device) -> str | None:
+    """Why the Triton kernels cannot run on `device` here (None: they can). Imports them, so on a CPU
+    only after TRITON_INTERPRET is set."""
+    if importlib.util.find_spec("triton") is None:
+        return "Triton is not installed"
+    return importlib.import_module("aftalibi.aft_triton").unavailable_reason(device)
+
+
+def gpu_kernels(device: torch.device) -> list[str]:
+    """The AFT implementations written for GPUs that run on `device` here."""
+    return ["gpu-chunked"] + (["triton"] if triton_unavailable_reason(device) is None else [])
 
 
 def synchronize(device: torch.device) -> None:
@@ -165,7 +173,7 @@ def correctness(device, quick):
     """Every case under the device's AFT kernel and under each GPU implementation."""
     length = 96 if quick else 512
     tolerances = {torch.float32: (1e-4, 1e-4), torch.bfloat16: (5e-2, 5e-2)}
-    kernels = sorted({default_aft_kernel(device), *gpu_kernels()})
+    kernels = sorted({default_aft_kernel(device), *gpu_kernels(device)})
     print(f"\n1. Correctness against float64 references (T={length}, causal, left padding)")
     print(f"{'op':<12} {'AFT kernel':<12} {'dtype':<9} {'output error':>13} {'gradient error':>15} {'tolerance':>10}  "
           f"verdict")
@@ -215,7 +223,7 @@ def layer_table(device, quick):
     repeats = 2 if quick else 5
     bf16 = dict(device_type=device.type, dtype=torch.bfloat16)
     flex_ok = device.type == "cuda"
-    kernels = gpu_kernels()
+    kernels = gpu_kernels(device)
     columns = ([f"AFT-local {kernel} bf16" for kernel in kernels]
                + ["projections bf16", "SDPA MHA bf16", "ALiBi fp32", "ALiBi bf16", "Flex ALiBi bf16"])
     print(f"\n2. One layer, fwd+bwd, B={batch}, d_model={d_model}, {heads} heads, s={window}: ms and peak MiB")
@@ -254,7 +262,7 @@ def model_table(device, quick):
     repeats = 2 if quick else 5
     mixers = [("mha", "rotary", "-"), ("alibi", "none", "-")]
     mixers += [(mixer, "none", kernel) for mixer in ("aft-simple", "aft-conv", "aft-local", "aft-full")
-               for kernel in gpu_kernels()]
+               for kernel in gpu_kernels(device)]
     print(f"\n3. Whole model ({shape}), AdamW step under bf16 autocast: tokens/s and peak MiB")
     print(f"{'mixer':<12} {'AFT kernel':<12} " + " ".join(f"{f'T={t}, B={b}':>24}" for t, b in runs))
     for mixer, position, kernel in mixers:
@@ -300,8 +308,9 @@ def main() -> None:
     if device.type == "cpu":  # Triton's kernels run on CPU tensors in its interpreter only
         os.environ.setdefault("TRITON_INTERPRET", "1")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU"
-    triton = "no Triton"
-    if "triton" in gpu_kernels():
+    reason = triton_unavailable_reason(device)
+    triton = f"no Triton kernels ({reason})"
+    if reason is None:
         aft_triton = importlib.import_module("aftalibi.aft_triton")
         if args.triton_launch:
             aft_triton.LAUNCH.update(args.triton_launch.options())

@@ -1,6 +1,5 @@
 """aftalibi.train and the command line: schedule, optimizers, checkpoints, exact resumption, Ctrl-C, bad input."""
 
-import importlib.util
 import json
 import math
 import os
@@ -14,6 +13,7 @@ import yaml
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import aftalibi.train as training
+from aftalibi import aft_triton
 from aftalibi.data import CharTokenizer, load_corpus, random_windows
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
 from aftalibi.train import (RESUMABLE, CheckpointError, Optimizers, Progress, TrainConfig, check_attention_memory,
@@ -108,7 +108,7 @@ def test_bf16_autocast_trains_like_float32(corpus_file, tmp_path, mixer):
     assert all(tensor.dtype == torch.float32 for tensor in weights if tensor.is_floating_point())
 
 
-@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="Triton is not installed")
+@pytest.mark.skipif(aft_triton.unavailable_reason("cpu") is not None, reason="the Triton kernels cannot run here")
 def test_aft_kernel_chooses_the_implementation_and_every_one_trains_alike(corpus_file, tmp_path, monkeypatch):
     """--aft-kernel reaches every AFT layer of the run, evaluation included: the same AFT-local run
     by the CPU kernel and by the fused Triton kernels (Triton's interpreter) ends at the same losses."""
