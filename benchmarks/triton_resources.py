@@ -29,8 +29,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the aftalibi of 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
+
+try:  # the assembler that comes with Triton, for the target's generation
+    from triton.backends.nvidia.compiler import get_ptxas
+except ImportError:
+    sys.exit(f"triton_resources.py needs a Triton whose NVIDIA backend has get_ptxas (Triton 3.6 and 3.9 have it); "
+             f"this is Triton {triton.__version__}")
 
 from aftalibi import aft_triton  # noqa: E402
 from measure import Launch  # noqa: E402
