@@ -25,7 +25,6 @@ aftalibi's modules (no labml).
 
 import argparse
 import importlib
-import importlib.util
 import os
 import statistics
 import sys
@@ -47,10 +46,8 @@ from measure import Launch, Projections  # noqa: E402
 
 
 def triton_unavailable_reason(device: torch.device) -> str | None:
-    """Why the Triton kernels cannot run on `device` here (None: they can). Imports them, so on a CPU
-    only after TRITON_INTERPRET is set."""
-    if importlib.util.find_spec("triton") is None:
-        return "Triton is not installed"
+    """Why the Triton kernels cannot run on `device` here (None: they can). Imports them (with or
+    without Triton installed), so on a CPU only after TRITON_INTERPRET is set."""
     return importlib.import_module("aftalibi.aft_triton").unavailable_reason(device)
 
 
