@@ -674,7 +674,7 @@ def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
     the first sum as running totals carried block to block, the second as matmuls per block of
     L = max(s, 64) queries. Memory beyond the inputs: O(T d) work space for a chunk of the batch.
     """
-    batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
+    length, d = qkv.shape[1], qkv.shape[2] // 3
     if length == 0:  # no positions: an empty output
         return qkv[..., :d] * 0.0
     k = qkv[..., d: 2 * d]

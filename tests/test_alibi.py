@@ -1,7 +1,6 @@
 """aftalibi.alibi against the paper's slope rule, a literal float64 reference of the biased softmax,
 and the properties ALiBi attention must have (causality, padding, decoding, precision)."""
 
-import math
 
 import pytest
 import torch

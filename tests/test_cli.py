@@ -18,17 +18,8 @@ from aftalibi.model import MIXERS, POSITIONS, ModelConfig
 from aftalibi.train import OPTIMIZERS, PRECISIONS, TrainConfig, load_checkpoint
 
 OPTIMIZER = "muon" if hasattr(torch.optim, "Muon") else "adamw"
-TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
-        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 60
 TINY = ["--seq-len", "16", "--batch-size", "4", "--eval-windows", "4", "--d-model", "16", "--n-layers", "1",
         "--n-heads", "2", "--d-ff", "32", "--optimizer", OPTIMIZER]
-
-
-@pytest.fixture
-def corpus_file(tmp_path) -> str:
-    path = tmp_path / "corpus.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return str(path)
 
 
 @pytest.fixture(autouse=True)
@@ -134,26 +125,18 @@ def test_a_rerun_refuses_to_replace_a_saved_run_unless_told(corpus_file, tmp_pat
     assert "--overwrite" in (Path(__file__).parent.parent / "Makefile").read_text().split("demo:")[1].split("\n")[1]
 
 
-def test_ctrl_c_saves_names_the_step_of_the_loss_does_not_sample_and_exits_130(corpus_file, tmp_path, monkeypatch,
+def test_ctrl_c_saves_names_the_step_of_the_loss_does_not_sample_and_exits_130(corpus_file, tmp_path, ctrl_c_at_draw,
                                                                                   capsys):
-    draw, calls = training.sample_windows, {"n": 0}
-
-    def interrupted_draw(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 6:  # Ctrl-C while preparing step 6
-            raise KeyboardInterrupt
-        return draw(*args, **kwargs)
-
-    monkeypatch.setattr(training, "sample_windows", interrupted_draw)
+    ctrl_c_at_draw(6)  # while preparing step 6
     out_dir = tmp_path / "run"
     assert main(tiny_train(corpus_file, out_dir, "--max-steps", "10", "--eval-every", "4", "--sample", "50")) == 130
     out = capsys.readouterr().out
     assert "interrupted at step 5" in out and "validation loss" in out and "at step 4" in out
     assert "sample" not in out
     assert load_checkpoint(out_dir / "checkpoint.pt")["step"] == 5
-    calls["n"] = -100
+    ctrl_c_at_draw(None)
     assert main(tiny_train(corpus_file, tmp_path / "early", "--max-steps", "10", "--eval-every", "8")) == 0
-    calls["n"] = 0
+    ctrl_c_at_draw(6)
     assert main(tiny_train(corpus_file, tmp_path / "early2", "--max-steps", "10", "--eval-every", "8")) == 130
     assert "no evaluation yet (the first is at step 8)" in capsys.readouterr().out
 

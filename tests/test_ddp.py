@@ -15,17 +15,8 @@ from aftalibi.__main__ import main
 from aftalibi.train import TrainConfig, load_checkpoint, train
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
-TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
-        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 60
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZER = "muon" if hasattr(torch.optim, "Muon") else "adamw"  # the default, Muon, needs torch >= 2.9
-
-
-@pytest.fixture
-def corpus_file(tmp_path) -> str:
-    path = tmp_path / "corpus.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return str(path)
 
 
 def tiny_run(corpus_file, out_dir, **overrides) -> TrainConfig:

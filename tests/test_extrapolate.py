@@ -21,8 +21,6 @@ from aftalibi.data import load_corpus
 from aftalibi.model import LanguageModel, ModelConfig
 from aftalibi.train import evaluate, load_checkpoint, model_from_checkpoint
 
-TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
-        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 40
 TINY = {"train_len": 8, "factors": (1, 2, 4), "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "window": 4, "factor_dim": 4,
         "steps": 3, "batch_size": 2, "warmup_steps": 1, "eval_tokens": 64, "eval_segments": 2, "seeds": (0, 1),
         "sweep_windows": (2, 4), "sweep_seeds": (0,),
@@ -43,13 +41,6 @@ def tiny_model(**overrides) -> LanguageModel:
     torch.manual_seed(0)
     config = {"vocab_size": 11, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "max_len": 16, "window": 4}
     return LanguageModel(ModelConfig(**{**config, **overrides})).eval()
-
-
-@pytest.fixture
-def corpus_file(tmp_path) -> str:
-    path = tmp_path / "corpus.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return str(path)
 
 
 @pytest.mark.parametrize("n_targets", [5, 16, 37])

@@ -22,15 +22,6 @@ from aftalibi.train import (RESUMABLE, CheckpointError, Optimizers, Progress, Tr
                             select_device, train, trained_context, training_precision)
 
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
-TEXT = ("ROMEO:\nBut, soft! what light through yonder window breaks?\nIt is the east, and Juliet is the sun.\n\n"
-        "JULIET:\nO Romeo, Romeo! wherefore art thou Romeo?\n\n") * 60
-
-
-@pytest.fixture
-def corpus_file(tmp_path) -> str:
-    path = tmp_path / "corpus.txt"
-    path.write_text(TEXT, encoding="utf-8")
-    return str(path)
 
 
 needs_muon = pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
@@ -193,23 +184,14 @@ def test_muon_needs_a_recent_torch(monkeypatch):
         TrainConfig(optimizer="sgd")
 
 
-def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, monkeypatch, capsys):
+def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, ctrl_c_at_draw, capsys):
     straight = train(TINY_MODEL, tiny_run(corpus_file, tmp_path / "straight"), quiet=True)
-    calls = {"n": 0}
-    draw = training.sample_windows
-
-    def interrupted_draw(*args, **kwargs):
-        calls["n"] += 1
-        if calls["n"] == 8:  # Ctrl-C while preparing step 8
-            raise KeyboardInterrupt
-        return draw(*args, **kwargs)
-
-    monkeypatch.setattr(training, "sample_windows", interrupted_draw)
+    ctrl_c_at_draw(8)  # while preparing step 8
     config = tiny_run(corpus_file, tmp_path / "interrupted")
     stopped = train(TINY_MODEL, config, quiet=True)
     assert stopped["step"] == 7 and stopped["interrupted"] and stopped["validation_step"] == 4
     assert "interrupted at step 7" in capsys.readouterr().out
-    monkeypatch.setattr(training, "sample_windows", draw)
+    ctrl_c_at_draw(None)
     assert train(TINY_MODEL, config, resume=True, quiet=True)["history"] == straight["history"]
 
 
