@@ -268,3 +268,25 @@ def test_compiles_into_one_graph(implementation, name, causal):
         out.sum().backward()
     torch.testing.assert_close(out, expected)
     assert torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("name", ["full", "local"])  # the two ways into the kernels: the [T, T] bias and the band
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_inductor_compiles_the_gpu_paths(implementation, name):
+    """`--compile` on a GPU runs inductor, which lowers the graph rather than only tracing it: the
+    compiled layer (here inductor's CPU code) gives the eager outputs and gradients."""
+    torch._dynamo.reset()
+    layer = make_layer(name, max_len=32)
+    x = torch.randn(2, 20, 8)
+    mask = torch.zeros(2, 20, dtype=torch.bool)
+    mask[1, :5] = True
+    results = []
+    with aft_kernel(implementation):
+        for run in (layer, torch.compile(layer, fullgraph=True)):
+            layer.zero_grad()
+            out = run(x, key_padding_mask=mask)
+            out.square().sum().backward()
+            results.append((out.detach(), *(p.grad.clone() for p in layer.parameters())))
+    eager, compiled = results
+    for got, expected in zip(compiled, eager, strict=True):
+        torch.testing.assert_close(got, expected)
