@@ -8,27 +8,9 @@ from hypothesis import strategies as st
 
 from aftalibi.aft import (AFTConv, AFTFull, AFTLocal, AFTSimple, aft_conv, aft_full, aft_local, aft_reference,
                           aft_simple, conv_band)
+from dense_biases import conv_bias, local_bias
 
 float64 = torch.float64
-
-
-def local_bias(w, window):
-    """AFT-local's w' as a dense [T, T]: w inside the window, 0 outside."""
-    distance = torch.arange(w.shape[0])[:, None] - torch.arange(w.shape[0])[None, :]
-    return torch.where(distance.abs() < window, w, torch.zeros_like(w))
-
-
-def dense_conv_bias(kernel, length, causal):
-    """AFT-conv's kernel written out as [h, T, T] biases, built from its definition."""
-    heads, window = kernel.shape
-    centre = 0 if causal else (window - 1) // 2
-    dense = torch.zeros(heads, length, length, dtype=kernel.dtype)
-    for t in range(length):
-        for j in range(window):
-            key = t - j + centre  # w_{t, t - j + centre} = kernel[:, j]
-            if 0 <= key < length:
-                dense[:, t, key] = kernel[:, j]
-    return dense
 
 
 def random_padding(batch, length, generator):
@@ -64,7 +46,7 @@ def test_conv_equals_the_float64_reference(heads, batch, length, window, d, caus
     k = torch.randn(batch, length, heads, dtype=float64, generator=generator)
     kernel = torch.randn(heads, window, dtype=float64, generator=generator)
     mask = random_padding(batch, length, generator) if padded else None
-    expected = aft_reference(q, k.repeat_interleave(d // heads, -1), v, dense_conv_bias(kernel, length, causal),
+    expected = aft_reference(q, k.repeat_interleave(d // heads, -1), v, conv_bias(kernel, length, causal),
                              causal=causal, key_padding_mask=mask)
     torch.testing.assert_close(aft_conv(q, k, v, kernel, causal=causal, key_padding_mask=mask), expected,
                                rtol=1e-10, atol=1e-10)
@@ -215,7 +197,7 @@ def test_low_precision_stays_near_the_float64_reference(dtype, tolerance):
     kernel = torch.randn(2, 8, dtype=dtype)
     got = aft_conv(low[0], low[1][..., :2], low[2], kernel, causal=True)
     expected = aft_reference(low[0].double(), low[1][..., :2].double().repeat_interleave(8, -1), low[2].double(),
-                             dense_conv_bias(kernel.double(), 96, True), causal=True)
+                             conv_bias(kernel.double(), 96, True), causal=True)
     assert got.dtype == dtype and (got.double() - expected).abs().max() < tolerance
 
 

@@ -16,6 +16,7 @@ from aftalibi.aft import (AFT_KERNELS, AFTConv, AFTFull, AFTLocal, AFTSimple, af
                           aft_reference, aft_simple, default_aft_kernel)
 from aftalibi import aft_triton
 from aftalibi.aft_kernels import selected_aft_kernel
+from dense_biases import conv_bias, local_bias
 
 float64 = torch.float64
 GPU = "gpu-chunked"
@@ -24,21 +25,6 @@ GPU = "gpu-chunked"
 TRITON_ON_CPU = aft_triton.unavailable_reason("cpu")
 needs_triton = pytest.mark.skipif(TRITON_ON_CPU is not None, reason=str(TRITON_ON_CPU))
 GPU_KERNELS = [GPU, pytest.param("triton", marks=needs_triton)]
-
-
-def local_bias(w, window):
-    """AFT-local's w' as a dense [T, T]: w inside the window, 0 outside."""
-    distance = torch.arange(w.shape[0])[:, None] - torch.arange(w.shape[0])[None, :]
-    return torch.where(distance.abs() < window, w, torch.zeros_like(w))
-
-
-def conv_bias(kernel, length, causal):
-    """AFT-conv's kernel as dense [h, T, T] biases: w_{t, t - j + centre} = kernel[:, j], 0 elsewhere."""
-    heads, window = kernel.shape
-    centre = 0 if causal else (window - 1) // 2
-    offset = torch.arange(length)[:, None] - torch.arange(length)[None, :] + centre  # j = t - t' + centre
-    inside = (offset >= 0) & (offset < window)
-    return torch.where(inside, kernel[:, offset.clamp(0, window - 1)], torch.zeros(()).to(kernel))
 
 
 def run_op(op, q, k, v, w, kernel, window, causal, mask):
