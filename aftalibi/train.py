@@ -9,7 +9,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import torch
@@ -17,7 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
 from .aft import AFT_KERNELS, aft_kernel
-from .data import Corpus, CharTokenizer, load_corpus, sequential_windows
+from .data import CharTokenizer, load_corpus, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
