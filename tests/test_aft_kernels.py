@@ -5,6 +5,8 @@ does not grow with the sequence or the batch, and under torch.compile with no gr
 
 import collections
 import importlib.util
+import os
+import shutil
 
 import pytest
 import torch
@@ -237,42 +239,45 @@ def test_dispatched_ops_do_not_grow_with_length_or_batch(implementation, name):
     assert not any("item" in op or "local_scalar_dense" in op for op in short), "a host-device sync"
 
 
-@pytest.mark.parametrize("name", ["simple", "full", "local", "conv"])
-@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
-@pytest.mark.parametrize("implementation", GPU_KERNELS)
-def test_compiles_into_one_graph(implementation, name, causal):
+def assert_compiled_matches_eager(layer, implementation, backend):
+    """`torch.compile(layer, backend=backend, fullgraph=True)` traces the layer in one graph and gives
+    the eager outputs and gradients (of the input and of every parameter), with a padded row."""
     torch._dynamo.reset()
-    layer = make_layer(name, max_len=32)
-    layer.causal = causal
-    x = torch.randn(2, 20, 8, requires_grad=True)
-    mask = torch.zeros(2, 20, dtype=torch.bool)
-    mask[1, :5] = True
-    with aft_kernel(implementation):
-        expected = layer(x, key_padding_mask=mask)
-        compiled = torch.compile(layer, backend="eager", fullgraph=True)
-        out = compiled(x, key_padding_mask=mask)
-        out.sum().backward()
-    torch.testing.assert_close(out, expected)
-    assert torch.isfinite(x.grad).all()
-
-
-@pytest.mark.parametrize("name", ["full", "local"])  # the two ways into the kernels: the [T, T] bias and the band
-@pytest.mark.parametrize("implementation", GPU_KERNELS)
-def test_inductor_compiles_the_gpu_paths(implementation, name):
-    """`--compile` on a GPU runs inductor, which lowers the graph rather than only tracing it: the
-    compiled layer (here inductor's CPU code) gives the eager outputs and gradients."""
-    torch._dynamo.reset()
-    layer = make_layer(name, max_len=32)
-    x = torch.randn(2, 20, 8)
+    x = torch.randn(2, 20, layer.d_model, requires_grad=True)
     mask = torch.zeros(2, 20, dtype=torch.bool)
     mask[1, :5] = True
     results = []
     with aft_kernel(implementation):
-        for run in (layer, torch.compile(layer, fullgraph=True)):
+        for run in (layer, torch.compile(layer, backend=backend, fullgraph=True)):
             layer.zero_grad()
+            x.grad = None
             out = run(x, key_padding_mask=mask)
             out.square().sum().backward()
-            results.append((out.detach(), *(p.grad.clone() for p in layer.parameters())))
+            results.append((out.detach(), x.grad, *(p.grad.clone() for p in layer.parameters())))
     eager, compiled = results
+    assert torch.isfinite(compiled[1]).all()
     for got, expected in zip(compiled, eager, strict=True):
         torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("name", ["simple", "full", "local", "conv"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_compiles_into_one_graph(implementation, name, causal):
+    layer = make_layer(name, max_len=32)
+    layer.causal = causal
+    assert_compiled_matches_eager(layer, implementation, backend="eager")
+
+
+# Inductor compiles its CPU kernels with the C++ compiler torch finds (g++ unless $CXX says otherwise).
+needs_cxx = pytest.mark.skipif(not any(shutil.which(cxx) for cxx in (os.environ.get("CXX"), "g++", "clang++") if cxx),
+                               reason="inductor's CPU code needs a C++ compiler (g++ or clang++; Debian: apt-get install g++)")
+
+
+@needs_cxx
+@pytest.mark.parametrize("name", ["full", "local"])  # the two ways into the kernels: the [T, T] bias and the band
+@pytest.mark.parametrize("implementation", GPU_KERNELS)
+def test_inductor_compiles_the_gpu_paths(implementation, name):
+    """`--compile` on a GPU runs inductor, which lowers the graph rather than only tracing it (here
+    into inductor's CPU code)."""
+    assert_compiled_matches_eager(make_layer(name, max_len=32), implementation, backend="inductor")
