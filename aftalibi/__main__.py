@@ -101,7 +101,9 @@ def main(argv: list[str] | None = None) -> int:
     train_parser = commands.add_parser(
         "train", help="train a language model (the defaults are the CPU demo)",
         description="Train a character-level language model on Shakespeare. Every option has a default; "
-                    "the defaults train the CPU demo, --preset gpu a 10.7M-parameter model for one GPU.")
+                    "the defaults train the CPU demo, --preset gpu a 10.7M-parameter model for one GPU. Like "
+                    "generate and extrapolate, it flushes subnormal floats to zero on the CPU (they are slow on "
+                    "many Intel cores and too small to change a result).")
     train_parser.add_argument("--preset", choices=list(PRESETS), default=argparse.SUPPRESS,
                               help="a named set of defaults: demo (the CPU demo, the default) or gpu (d_model 384, 6 "
                                    "blocks of 6 heads, MLP 1536, 64 windows of 256 characters, dropout 0.2, 2500 steps, "
@@ -337,4 +339,11 @@ def extrapolate_command(args, argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
+    from aftalibi.alibi_kernels import flush_denormals_to_zero
+
+    # Subnormal floats are slow on many Intel cores (ALiBi's far weights fall among them) and too
+    # small to change a result: the program flushes them to zero, before torch starts the CPU
+    # threads that inherit the setting (notebook 09). main(), called as a library, leaves the
+    # caller's floating-point mode alone.
+    flush_denormals_to_zero()
     sys.exit(main())

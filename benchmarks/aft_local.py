@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 import torch.nn as nn
-from measure import Projections, interleaved_medians, plain_aft, seconds_and_peak_mib
+from measure import Projections, add_cpu_options, interleaved_medians, plain_aft, seconds_and_peak_mib, set_up_cpu
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # measure the aftalibi of this checkout
 
@@ -83,20 +83,23 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--window", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    add_cpu_options(parser)
     parser.add_argument("--dense-up-to", type=int, default=4096, help="skip the dense layer above this T")
     parser.add_argument("--worker", nargs=2, metavar=("LAYERS", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    cpu = set_up_cpu(args)  # in the parent and in every worker, the process that measures
     if args.worker:
         print(json.dumps(child(args.worker[0].split(","), int(args.worker[1]), args)))
         return
+    print(cpu)
     print(f"fwd+bwd of one causal AFT-local layer, B={args.batch}, d={args.d_model}, s={args.window}, "
           f"{args.threads} threads, float32; median of {args.repeats} interleaved rounds")
 
     def run(names: list[str], length: int) -> dict:
         command = [sys.executable, __file__, "--worker", ",".join(names), str(length), "--batch", str(args.batch),
                    "--d-model", str(args.d_model), "--window", str(args.window),
-                   "--repeats", str(args.repeats), "--threads", str(args.threads)]
+                   "--repeats", str(args.repeats), "--threads", str(args.threads)] + (
+                   ["--keep-subnormals"] if args.keep_subnormals else [])
         output = subprocess.run(command, check=True, capture_output=True, text=True).stdout
         return json.loads(output.strip().splitlines()[-1])
 

@@ -25,7 +25,7 @@ import sys
 import time
 
 import torch
-from measure import interleaved_medians, plain_attention, seconds_and_peak_mib
+from measure import add_cpu_options, interleaved_medians, plain_attention, seconds_and_peak_mib, set_up_cpu
 
 
 def naive_layer(d_model: int, n_heads: int) -> torch.nn.Module:
@@ -130,12 +130,13 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    add_cpu_options(parser)
     parser.add_argument("--naive-max", type=int, default=2048, help="longest T for the slow naive layer")
     parser.add_argument("--flex", action="store_true",
                         help="instead: no-grad forward of alibi_attention vs compiled FlexAttention (CPU inference)")
     parser.add_argument("--child", nargs=2, metavar=("KIND", "T"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    cpu = set_up_cpu(args)  # in the parent and in every child, the process that measures
     if args.child:
         kind, length = args.child[0], int(args.child[1])
         if kind == "flex":
@@ -149,9 +150,11 @@ def main() -> None:
 
     def run(kind: str, length: int) -> dict:
         command = [sys.executable, __file__, "--child", kind, str(length)] + [
-            f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("batch", "d-model", "heads", "repeats", "threads")]
+            f"--{name}={getattr(args, name.replace('-', '_'))}" for name in ("batch", "d-model", "heads", "repeats", "threads")] + (
+            ["--keep-subnormals"] if args.keep_subnormals else [])
         return json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
 
+    print(cpu)
     if args.flex:
         print(f"B={args.batch} d={args.d_model} H={args.heads} fp32 no-grad forward, {args.threads} threads, "
               f"torch {torch.__version__}; median of {args.repeats} interleaved rounds")

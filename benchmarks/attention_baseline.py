@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from aftalibi.attention import attention_reference, causal_mask
-from measure import median_seconds
+from measure import add_cpu_options, median_seconds, set_up_cpu
 
 
 def main() -> None:
@@ -24,9 +24,9 @@ def main() -> None:
     parser.add_argument("--d-model", type=int, default=256)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    add_cpu_options(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    print(set_up_cpu(args))
     d_head = args.d_model // args.heads
     print(f"fwd+bwd of causal attention, B={args.batch}, H={args.heads}, d_head={d_head}, {args.threads} threads")
     print(f"{'T':>6} {'explicit':>10} {'bool mask':>10} {'is_causal':>10} {'explicit/fused':>15} {'mask/fused':>11}")

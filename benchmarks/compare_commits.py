@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from measure import add_cpu_options, set_up_cpu
 from train_speed import CONFIGURATIONS, train_step
 
 from aftalibi.train import DEMO_MODEL
@@ -95,10 +96,10 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="the commit to compare with (a hash, a tag, HEAD~3, ...)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--threads", type=int, default=2)
+    add_cpu_options(parser)
     parser.add_argument("--precision", nargs="+", choices=["bfloat16", "float32"], default=["bfloat16", "float32"])
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    print(set_up_cpu(args))
     with tempfile.TemporaryDirectory() as folder:
         commit = export_package(args.base, Path(folder))
         sys.path.insert(0, folder)

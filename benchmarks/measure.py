@@ -8,6 +8,7 @@ made it (torch's CPU allocator keeps no peak counter of its own).
 
 import argparse
 import math
+import platform
 import resource
 import statistics
 import time
@@ -16,6 +17,34 @@ from typing import NamedTuple
 import torch
 import torch.nn as nn
 from torch import Tensor
+
+
+def add_cpu_options(parser: argparse.ArgumentParser, threads: int = 2) -> None:
+    """--threads and --keep-subnormals, the CPU settings every CPU benchmark takes."""
+    parser.add_argument("--threads", type=int, default=threads, help=f"CPU threads of torch (default: {threads})")
+    parser.add_argument("--keep-subnormals", action="store_true",
+                        help="compute with subnormal floats; by default they are flushed to zero, as `python -m "
+                             "aftalibi` does (they are slow on many Intel cores: notebook 09)")
+
+
+def set_up_cpu(args: argparse.Namespace) -> str:
+    """Flush subnormal floats to zero (unless --keep-subnormals), then set --threads: in that order, before any
+    parallel work, so that every thread torch starts inherits the mode. Returns the line that heads a table:
+    the CPU, the threads and the mode, which decide what a CPU figure means."""
+    from aftalibi.alibi_kernels import flush_denormals_to_zero
+
+    flushing = not args.keep_subnormals and flush_denormals_to_zero()
+    torch.set_num_threads(args.threads)
+    return f"CPU: {cpu_name()}, {args.threads} threads, subnormal floats {'flushed to zero' if flushing else 'kept'}"
+
+
+def cpu_name() -> str:
+    """The processor's model name as the kernel reports it (Linux), else what `platform` knows."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
 
 
 def current_rss_kib() -> int:

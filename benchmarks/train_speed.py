@@ -17,7 +17,7 @@ tokens from an 80-character vocabulary.
 import argparse
 
 import torch
-from measure import interleaved_medians, plain_aft, plain_attention
+from measure import add_cpu_options, interleaved_medians, plain_aft, plain_attention, set_up_cpu
 from torch import Tensor
 
 from aftalibi.aft import AFTLocal
@@ -95,9 +95,9 @@ def training_step(model_options: dict, seq_len: int, batch_size: int, bf16: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=2)
+    add_cpu_options(parser)
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+    print(set_up_cpu(args))
     native = cpu_has_bf16_matmul()
     print(f"bf16 dot-product instructions on this CPU: {'yes' if native else 'no (bf16 is emulated, slowly)'}; "
           f"the trainer's --precision auto uses {'bf16 autocast' if native else 'float32'} here")
