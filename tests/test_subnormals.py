@@ -7,6 +7,7 @@ import textwrap
 
 import torch
 
+from aftalibi.aft import aft_local
 from aftalibi.alibi import get_slopes
 from aftalibi.alibi_kernels import causal_alibi_cpu_flash
 
@@ -66,18 +67,38 @@ def test_the_command_line_flushes_on_every_thread(corpus_file, tmp_path):
     assert printed.splitlines()[-1] == "every thread flushes: True"
 
 
-def test_flushing_changes_no_alibi_output_float32_can_show():
-    """The weights it drops are below 2^-126 of a row's largest: outputs agree to float32's rounding.
-    One thread computes both (in this process the setting reaches the calling thread only)."""
+def kept_and_flushed(compute):
+    """`compute()` with subnormals kept, then flushed. One thread computes both: in this process, whose
+    threads have started, the setting reaches the calling thread only."""
     threads = torch.get_num_threads()
-    generator = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(2, 8, 512, 32, generator=generator) * 3 for _ in range(3))
     torch.set_num_threads(1)
     try:
-        kept = causal_alibi_cpu_flash(q, k, v, get_slopes(8))
+        kept = compute()
         torch.set_flush_denormal(True)
-        flushed = causal_alibi_cpu_flash(q, k, v, get_slopes(8))
+        return kept, compute()
     finally:
         torch.set_flush_denormal(False)
         torch.set_num_threads(threads)
+
+
+def test_flushing_changes_no_alibi_output_float32_can_show():
+    """The weights it drops are below 2^-126 of a row's largest: outputs agree to float32's rounding."""
+    generator = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 512, 32, generator=generator) * 3 for _ in range(3))
+    kept, flushed = kept_and_flushed(lambda: causal_alibi_cpu_flash(q, k, v, get_slopes(8)))
+    torch.testing.assert_close(flushed, kept, rtol=2**-20, atol=2**-20)
+
+
+def test_flushing_changes_no_aft_local_output_float32_can_show():
+    """AFT's shifted exponentials exp(K - c): keys that fall 87 to 103 below the running maximum give
+    subnormal terms; with keys spread over 120 many do, in every row past the first few."""
+    generator = torch.Generator().manual_seed(0)
+    length, d = 256, 32
+    q, v = (torch.randn(2, length, d, generator=generator) for _ in range(2))
+    k = torch.linspace(0, -120, length)[None, :, None] + torch.randn(2, length, d, generator=generator)
+    k = k.flip(1).contiguous()  # rising along time: the running maximum moves, earlier keys fall below it
+    w = torch.randn(length, length, generator=generator)
+    below_last_maximum = k - k.amax(1, keepdim=True)  # the shift of the last query's row
+    assert ((below_last_maximum < -87.4) & (below_last_maximum > -103)).sum() > 1000  # the test meets the band
+    kept, flushed = kept_and_flushed(lambda: aft_local(q, k, v, w, 32, causal=True))
     torch.testing.assert_close(flushed, kept, rtol=2**-20, atol=2**-20)
