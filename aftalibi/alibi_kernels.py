@@ -18,42 +18,66 @@ except ImportError:
     BlockMask = flex_attention = None
 
 # %% auto #0
-__all__ = ['ALIBI_KERNELS', 'choose_alibi_kernel', 'causal_alibi_cpu_flash', 'causal_alibi_extra_columns', 'causal_alibi_flex']
+__all__ = ['ALIBI_KERNELS', 'choose_alibi_kernel', 'run_alibi_kernel', 'causal_alibi_cpu_flash', 'causal_alibi_extra_columns',
+           'causal_alibi_flex']
 
 # %% ../notebooks/09_alibi_kernels.ipynb #f471cb9b
 ALIBI_KERNELS = ("cpu_flash", "flex", "extra_columns", "float_bias")
 
-# The CPU flash-attention kernel that `scaled_dot_product_attention(is_causal=True)` runs on CPU, called
-# directly: unlike the public function it takes the causal flag and a float bias together, and returns each
-# row's log-sum-exp. Absent from some builds, hence getattr.
-_flash_attention_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_flash_attention_cpu_backward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-# FlexAttention compiles to Triton kernels on CUDA; the causal block mask below needs BlockMask's
-# seq_lengths (torch >= 2.6).
+# The CPU flash-attention kernel that `scaled_dot_product_attention(is_causal=True)` runs on
+# CPU, called directly: unlike the public function it takes the causal flag and a float bias
+# together, and returns each row's log-sum-exp. Absent from some builds, hence getattr.
+_flash_attention_cpu = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_flash_attention_cpu_backward = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+# FlexAttention compiles to Triton kernels on CUDA; the causal block mask below needs
+# BlockMask's seq_lengths (torch >= 2.6).
 _FLEX_AVAILABLE = (flex_attention is not None and importlib.util.find_spec("triton") is not None
                    and "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters)
-_PER_KEY_DTYPES = (torch.float32, torch.float64, torch.bfloat16)  # where the per-key bias keeps its precision
+# Where the per-key bias keeps its precision:
+_PER_KEY_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def choose_alibi_kernel(device_type: str, dtype: torch.dtype, d_head: int, *, causal_whole_sequence: bool,
-                        dropout: bool) -> str:
+def choose_alibi_kernel(device_type: str, dtype: torch.dtype, d_head: int, *,
+                        causal_whole_sequence: bool, dropout: bool) -> str:
     """The kernel (one of `ALIBI_KERNELS`) that `alibi_attention` runs for inputs like these.
 
-    `causal_whole_sequence`: causal attention of T queries over the same T keys, no padding mask, equal
-    query and value head dims, fixed slopes; only then is the bias one per-key row. `dropout`: a
-    dropout probability above 0. Reads no tensor, so it never synchronises with a device.
+    `causal_whole_sequence`: causal attention of T queries over the same T keys, no padding
+    mask, equal query and value head dims, fixed slopes; only then is the bias one per-key
+    row. `dropout`: a dropout probability above 0. Reads no tensor, so it never synchronises
+    with a device.
     """
     if not causal_whole_sequence:
         return "float_bias"
-    if (device_type == "cpu" and not dropout and dtype in _PER_KEY_DTYPES and _flash_attention_cpu is not None
-            and _flash_attention_cpu_backward is not None):
+    if (device_type == "cpu" and not dropout and dtype in _PER_KEY_DTYPES
+            and _flash_attention_cpu is not None and _flash_attention_cpu_backward is not None):
         return "cpu_flash"
-    if (device_type == "cuda" and not dropout and dtype in (torch.bfloat16, torch.float16) and _FLEX_AVAILABLE
-            and d_head >= 16 and d_head & (d_head - 1) == 0):  # head dims every FlexAttention version takes
+    if (device_type == "cuda" and not dropout and dtype in (torch.bfloat16, torch.float16)
+            and _FLEX_AVAILABLE
+            and d_head >= 16 and d_head & (d_head - 1) == 0):  # what every version takes
         return "flex"
     if dtype in _PER_KEY_DTYPES:
         return "extra_columns"
-    return "float_bias"  # float16 off CUDA: m (j - c) would overflow its range on long sequences
+    return "float_bias"  # float16 off CUDA: m (j - c) would overflow its range
+
+
+def run_alibi_kernel(kernel: str, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
+                     dropout_p: float = 0.0) -> Tensor:
+    """Causal ALiBi over a whole unpadded sequence on `kernel`, as `choose_alibi_kernel` chose.
+
+    `kernel` is "cpu_flash", "flex" or "extra_columns" ("float_bias" is the bias tensor of
+    `alibi_attention` itself); only "extra_columns" has dropout. `[B, H, T, d_head]` in, out.
+    """
+    if kernel not in ("cpu_flash", "flex", "extra_columns"):
+        raise ValueError(f"kernel must be 'cpu_flash', 'flex' or 'extra_columns', got {kernel!r}")
+    if dropout_p > 0 and kernel != "extra_columns":
+        raise ValueError(f"kernel {kernel!r} has no dropout, got dropout_p={dropout_p}")
+    if kernel == "cpu_flash":
+        return causal_alibi_cpu_flash(q, k, v, slopes)
+    if kernel == "flex":
+        return causal_alibi_flex(q, k, v, slopes)
+    return causal_alibi_extra_columns(q, k, v, slopes, dropout_p=dropout_p)
 
 # %% ../notebooks/09_alibi_kernels.ipynb #379f4b02
 _QUERY_BLOCK = 2048  # queries sharing one centre c: the fp32 bias error stays near 2^-24 m _QUERY_BLOCK / 2
