@@ -50,9 +50,9 @@ class MinimalAlibiAttention(nn.Module):
         self.register_buffer("slopes", get_slopes(n_heads), persistent=False)  # m_h
 
     def forward(self, x: Tensor) -> Tensor:
-        batch, length, d_model = x.shape
-        heads = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head)
-        q, k, v = heads.permute(2, 0, 3, 1, 4)  # q_i, k_j, v_j per head: [B, H, T, d_h]
+        batch, length, d_model = x.shape  # x: [B, T, d_model]
+        qkv = self.qkv(x).view(batch, length, 3, self.n_heads, -1)  # X W_{Q,K,V}
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # q_i, k_j, v_j per head: [B, H, T, d_h]
         scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # q_i.k_j / sqrt(d_h)
         i = torch.arange(length, device=x.device)[:, None]  # query position i, [T, 1]
         j = torch.arange(length, device=x.device)[None, :]  # key position j, [1, T]
