@@ -63,7 +63,7 @@ class MinimalAlibiAttention(nn.Module):
         heads = heads.transpose(1, 2).reshape(batch, length, d_model)  # [B, T, H d_h]
         return self.out(heads)  # [head_1, ..., head_H] W_O
 
-# %% ../notebooks/03_alibi.ipynb #6d689d28
+# %% ../notebooks/03_alibi.ipynb #e1f2a3b4
 def token_positions(attention_mask: Tensor) -> Tensor:
     r"""`[B, T]` position of each token, counting real tokens only: cumsum(mask) - 1.
 
@@ -72,7 +72,7 @@ def token_positions(attention_mask: Tensor) -> Tensor:
     """
     return attention_mask.long().cumsum(dim=-1) - 1
 
-
+# %% ../notebooks/03_alibi.ipynb #6d689d28
 def alibi_bias(slopes: Tensor, q_len: int, k_len: int, *, causal: bool = True,
                attention_mask: Tensor | None = None, offset: int = 0) -> Tensor:
     r"""Additive ALiBi bias, `[1 or B, H, q_len, k_len]` float32: :math:`-m_h (i - j)`.
