@@ -232,12 +232,10 @@ def causal_alibi_extra_columns(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, 
         head_dim_multiple = 1 if q.device.type == "cpu" else 8
     n_parts = 3 if q.dtype == torch.bfloat16 else 1
     column_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    # j - c for each key, [T]:
     key_index = torch.arange(length, device=q.device, dtype=column_dtype)  # [T]
     position = key_index - (length - 1) / 2  # j - c
-    # [H, T]
+    # m (j - c) sqrt(d_head), [H, T], as n_parts columns of q's dtype, [H, T, n_parts]:
     per_key = slopes.to(q.device, column_dtype)[:, None] * position * math.sqrt(d_head)
-    # [H, T, parts]
     key_columns = torch.stack(_split_exactly(per_key, q.dtype, n_parts), dim=-1)
     padded_dim = math.ceil((d_head + n_parts) / head_dim_multiple) * head_dim_multiple
     zero_columns = padded_dim - d_head - n_parts
@@ -245,11 +243,10 @@ def causal_alibi_extra_columns(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, 
     q_ext = F.pad(torch.cat([q, ones], dim=-1), (0, zero_columns))
     k_ext = torch.cat([k, key_columns.expand(batch, -1, -1, -1)], dim=-1)
     k_ext = F.pad(k_ext, (0, zero_columns))
-    # q_ext, k_ext, v_ext: [B, H, T, padded_dim]
-    v_ext = F.pad(v, (0, padded_dim - d_head))
+    v_ext = F.pad(v, (0, padded_dim - d_head))  # q_ext, k_ext, v_ext: [B, H, T, padded]
+    # The scale of d_head, not the default one of the padded dim:
     out = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True,
                                          dropout_p=dropout_p,
-                                         # not the padded dim's
                                          scale=1.0 / math.sqrt(d_head))
     return out[..., :d_head]
 
