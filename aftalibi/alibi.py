@@ -6,24 +6,25 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .alibi_kernels import (causal_alibi_cpu_flash, causal_alibi_extra_columns, causal_alibi_flex,
-                                    choose_alibi_kernel)
+from .alibi_kernels import choose_alibi_kernel, run_alibi_kernel
 from .attention import MultiHeadAttention, check_attention_mask, check_tensor
 
 # %% auto #0
-__all__ = ['get_slopes', 'token_positions', 'alibi_bias', 'alibi_attention_reference', 'alibi_attention',
+__all__ = ['get_slopes', 'MinimalAlibiAttention', 'token_positions', 'alibi_bias', 'alibi_attention_reference', 'alibi_attention',
            'AlibiMultiHeadAttention']
 
 # %% ../notebooks/03_alibi.ipynb #602506c6
 def get_slopes(n_heads: int) -> Tensor:
     r"""The ALiBi slope of each head, `[n_heads]` float32.
 
-    For :math:`n` a power of two, :math:`m_h = 2^{-8h/n}`, :math:`h = 1 \dots n`. Otherwise, with :math:`p`
-    the largest power of two below :math:`n`: the :math:`p` slopes, then every other slope (1st, 3rd, ...)
-    of the :math:`2p` sequence until there are :math:`n`.
+    For :math:`n` a power of two, :math:`m_h = 2^{-8h/n}`, :math:`h = 1 \dots n`.
+    Otherwise, with :math:`p` the largest power of two below :math:`n`: the :math:`p`
+    slopes, then every other slope (1st, 3rd, ...) of the :math:`2p` sequence until
+    there are :math:`n`.
     """
     if isinstance(n_heads, bool) or not isinstance(n_heads, int):
         raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
@@ -37,70 +38,107 @@ def get_slopes(n_heads: int) -> Tensor:
     slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_heads - p]
     return torch.tensor(slopes, dtype=torch.float32)
 
-# %% ../notebooks/03_alibi.ipynb #6d689d28
-def token_positions(attention_mask: Tensor) -> Tensor:
-    r"""`[B, T]` position of each token counting real tokens only: :math:`\mathrm{cumsum}(\mathrm{mask}) - 1`.
+# %% ../notebooks/03_alibi.ipynb #b2c3d4e5
+class MinimalAlibiAttention(nn.Module):
+    """Causal ALiBi multi-head attention in plain PyTorch: `[B, T, d_model]` in, out."""
 
-    A pad token gets the position of the last real token before it (or -1); it is never attended to.
+    def __init__(self, d_model: int, n_heads: int):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_model // n_heads
+        self.qkv = nn.Linear(d_model, 3 * d_model)  # W_Q, W_K, W_V stacked
+        self.out = nn.Linear(d_model, d_model)  # W_O
+        self.register_buffer("slopes", get_slopes(n_heads), persistent=False)  # m_h
+
+    def forward(self, x: Tensor) -> Tensor:
+        batch, length, d_model = x.shape  # x: [B, T, d_model]
+        qkv = self.qkv(x).view(batch, length, 3, self.n_heads, -1)  # X W_{Q,K,V}
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # q_i, k_j, v_j per head: [B, H, T, d_h]
+        scores = q @ k.transpose(-2, -1) / math.sqrt(self.d_head)  # q_i.k_j / sqrt(d_h)
+        i = torch.arange(length, device=x.device)[:, None]  # query position i, [T, 1]
+        j = torch.arange(length, device=x.device)[None, :]  # key position j, [1, T]
+        scores = scores - self.slopes[:, None, None] * (i - j)  # - m_h (i - j)
+        scores = scores.masked_fill(j > i, float("-inf"))  # causal: keys j <= i only
+        weights = torch.softmax(scores, dim=-1)  # a_ij: softmax over j, [B, H, T, T]
+        heads = weights @ v  # head_i = sum_j a_ij v_j, [B, H, T, d_h]
+        heads = heads.transpose(1, 2).reshape(batch, length, d_model)  # [B, T, H d_h]
+        return self.out(heads)  # [head_1, ..., head_H] W_O
+
+# %% ../notebooks/03_alibi.ipynb #e1f2a3b4
+def token_positions(attention_mask: Tensor) -> Tensor:
+    r"""`[B, T]` position of each token, counting real tokens only: cumsum(mask) - 1.
+
+    A pad token gets the position of the last real token before it (or -1); it is never
+    attended to.
     """
     return attention_mask.long().cumsum(dim=-1) - 1
 
-
+# %% ../notebooks/03_alibi.ipynb #6d689d28
 def alibi_bias(slopes: Tensor, q_len: int, k_len: int, *, causal: bool = True,
                attention_mask: Tensor | None = None, offset: int = 0) -> Tensor:
-    r"""Additive ALiBi bias, `[1 or B, H, q_len, k_len]` float32: :math:`-m_h (i - j)`, or :math:`-m_h |i - j|` if not causal.
+    r"""Additive ALiBi bias, `[1 or B, H, q_len, k_len]` float32: :math:`-m_h (i - j)`.
 
-    Query t sits at key index `offset + t` (a decoding step passes offset = k_len - q_len).
-    `attention_mask` is `[B, k_len]`, 1/True for real tokens; distances then count real tokens only.
-    Entries a query may not attend to (the future when causal, padding keys) are -inf.
+    Not causal: :math:`-m_h |i - j|`, a symmetric extension (the paper's models are
+    causal). Query t sits at key index `offset + t` (a decoding step passes
+    offset = k_len - q_len). `attention_mask` is `[B, k_len]`, 1/True for real tokens;
+    distances then count real tokens only. Entries a query may not attend to (the future
+    when causal, pad keys) are -inf.
     """
     check_tensor("slopes", slopes, (None,), "[H]")
     if q_len < 1 or k_len < 1:
-        raise ValueError(f"q_len and k_len must be >= 1, got q_len={q_len}, k_len={k_len}")
+        raise ValueError(f"q_len and k_len must be >= 1, got q_len={q_len}, "
+                         f"k_len={k_len}")
     if offset < 0 or offset + q_len > k_len:
-        raise ValueError(f"offset must satisfy 0 <= offset and offset + q_len <= k_len, "
-                         f"got offset={offset}, q_len={q_len}, k_len={k_len}")
+        raise ValueError(f"offset must satisfy 0 <= offset and offset + q_len <= "
+                         f"k_len, got offset={offset}, q_len={q_len}, k_len={k_len}")
     device = slopes.device
-    query_index = torch.arange(offset, offset + q_len, device=device)  # [T_q], index among the keys
+    query_index = torch.arange(offset, offset + q_len, device=device)  # [T_q]
     key_index = torch.arange(k_len, device=device)  # [T_k]
     if attention_mask is None:
         key_position = key_index[None, :]  # [1, T_k]
         allowed = torch.ones(1, q_len, k_len, dtype=torch.bool, device=device)
     else:
-        key_is_real = check_attention_mask(attention_mask, attention_mask.shape[0], k_len).to(device)
+        batch = attention_mask.shape[0]
+        key_is_real = check_attention_mask(attention_mask, batch, k_len).to(device)
         key_position = token_positions(key_is_real)  # [B, T_k]
         allowed = key_is_real[:, None, :].expand(-1, q_len, -1)  # [B, T_q, T_k]
     query_position = key_position[:, query_index]  # [B or 1, T_q]
-    distance = (query_position[:, :, None] - key_position[:, None, :]).float()  # [B or 1, T_q, T_k], i - j
+    distance = (query_position[:, :, None] - key_position[:, None, :]).float()  # i - j
     if causal:
         allowed = allowed & (key_index[None, :] <= query_index[:, None])
     else:
         distance = distance.abs()
-    bias = -slopes.float()[None, :, None, None] * distance[:, None]  # [B or 1, H, T_q, T_k]
+    bias = -slopes.float()[None, :, None, None] * distance[:, None]  # [B|1, H, Tq, Tk]
     return bias.masked_fill(~allowed[:, None], float("-inf"))
 
 # %% ../notebooks/03_alibi.ipynb #c326d7db
-def alibi_attention_reference(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *, causal: bool = True,
+def alibi_attention_reference(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
+                              causal: bool = True,
                               attention_mask: Tensor | None = None) -> Tensor:
-    r""":math:`\mathrm{softmax}(q k^\top / \sqrt{d_{head}} + \mathrm{bias})\, v` computed literally in float64. The test oracle.
+    r"""The oracle: :math:`\mathrm{softmax}(q k^\top / \sqrt{d} + \mathrm{bias})\, v`,
+    computed literally in float64.
 
     Queries are the last T_q of the T_k positions; rows with no key to attend to give 0.
     """
     q_len, k_len = q.shape[-2], k.shape[-2]
-    bias = alibi_bias(slopes, q_len, k_len, causal=causal, attention_mask=attention_mask, offset=k_len - q_len)
+    bias = alibi_bias(slopes, q_len, k_len, causal=causal,
+                      attention_mask=attention_mask, offset=k_len - q_len)
+    bias = bias.to(q.device, torch.float64)  # [B or 1, H, T_q, T_k]
     q, k, v = q.double(), k.double(), v.double()
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias.to(q.device, torch.float64)  # [B, H, T_q, T_k]
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias  # [B, H, T_q, T_k]
     return torch.softmax(scores, dim=-1).nan_to_num(0.0) @ v
 
 # %% ../notebooks/03_alibi.ipynb #950e14a0
-def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *, causal: bool = True,
-                    attention_mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
-    r"""Multi-head ALiBi attention on `[B, H, T, d_head]` tensors: :math:`\mathrm{softmax}(q k^\top / \sqrt{d_{head}} - m_h (i - j))\, v`.
+def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
+                    causal: bool = True, attention_mask: Tensor | None = None,
+                    dropout_p: float = 0.0) -> Tensor:
+    r"""Multi-head ALiBi attention on `[B, H, T, d_head]` heads.
 
-    `slopes` is `[H]` (see `get_slopes`). `attention_mask` is `[B, T_k]`, 1/True for real tokens;
-    positions then count real tokens only. Queries are the last T_q of the T_k positions (a KV-cache
-    step works). Rows with no real key to attend to give 0, never NaN. Causal attention over a whole
-    unpadded sequence runs on a kernel of `aftalibi.alibi_kernels` that builds no T x T bias.
+    :math:`\mathrm{softmax}(q k^\top / \sqrt{d_{head}} - m_h (i - j))\, v`, `slopes`
+    `[H]` (see `get_slopes`). `attention_mask` is `[B, T_k]`, 1/True for real tokens;
+    positions then count real tokens only. Queries are the last T_q of the T_k positions
+    (a KV-cache step works). Rows with no real key to attend to give 0, never NaN.
+    Causal attention over a whole unpadded sequence runs on a kernel of
+    `aftalibi.alibi_kernels` that builds no T x T bias.
     """
     check_tensor("q", q, (None, None, None, None), "[B, H, T_q, d_head]")
     batch, n_heads, q_len, d_head = q.shape
@@ -109,40 +147,45 @@ def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *, causal: 
     check_tensor("v", v, (batch, n_heads, k_len, None), "[B, H, T_k, d_v]")
     check_tensor("slopes", slopes, (n_heads,), "[H]")
     if q_len > k_len:
-        raise ValueError(f"q must not have more positions than k, got T_q={q_len}, T_k={k_len}")
-    key_is_real = None if attention_mask is None else check_attention_mask(attention_mask, batch, k_len)
-    # The per-key identity holds for causal attention over the same T positions, unpadded, with fixed slopes.
-    causal_whole_sequence = (causal and key_is_real is None and q_len == k_len and v.shape[-1] == d_head
-                             and not slopes.requires_grad)
-    kernel = choose_alibi_kernel(q.device.type, q.dtype, d_head, causal_whole_sequence=causal_whole_sequence,
-                                 dropout=dropout_p > 0)
-    if kernel == "cpu_flash":
-        return causal_alibi_cpu_flash(q, k, v, slopes)
-    if kernel == "flex":
-        return causal_alibi_flex(q, k, v, slopes)
-    if kernel == "extra_columns":
-        return causal_alibi_extra_columns(q, k, v, slopes, dropout_p=dropout_p)
+        raise ValueError(f"q must not have more positions than k, got T_q={q_len}, "
+                         f"T_k={k_len}")
+    key_is_real = (None if attention_mask is None
+                   else check_attention_mask(attention_mask, batch, k_len))
+    # One per-key bias row serves every query when attention is causal over the same T
+    # positions, unpadded, with fixed slopes (the engineering notes at the end).
+    causal_whole_sequence = (causal and key_is_real is None and q_len == k_len
+                             and v.shape[-1] == d_head and not slopes.requires_grad)
+    kernel = choose_alibi_kernel(q.device.type, q.dtype, d_head, dropout=dropout_p > 0,
+                                 causal_whole_sequence=causal_whole_sequence)
+    if kernel != "float_bias":
+        return run_alibi_kernel(kernel, q, k, v, slopes, dropout_p=dropout_p)
     bias = alibi_bias(slopes, q_len, k_len, causal=causal, attention_mask=key_is_real,
                       offset=k_len - q_len).to(q.device)  # [B or 1, H, T_q, T_k]
     has_key = bias.isfinite().any(dim=-1, keepdim=True)  # [B or 1, H, T_q, 1]
-    # A keyless row (a left pad query) would be all -inf: give it a finite row, then zero its output.
+    # A keyless row (a left pad query) would be all -inf: give it a finite row, then
+    # zero its output.
     bias = bias.masked_fill(~has_key, 0.0).to(q.dtype)
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
     return out * has_key
 
 # %% ../notebooks/03_alibi.ipynb #340d17d1
 class AlibiMultiHeadAttention(MultiHeadAttention):
-    r"""Causal (or bidirectional) multi-head attention with ALiBi biases, batch-first `[B, T, d_model]`.
+    r"""Causal (or bidirectional) multi-head attention with ALiBi, `[B, T, d_model]`.
 
-    No position encodings: each head h adds :math:`-m_h (i - j)` to its scores. `forward(x, attention_mask=None,
-    kv_cache=None)`: `attention_mask` is `[B, T_past + T]`, 1/True for real tokens; `kv_cache` is a
-    `KVCache` that the call extends with this block.
+    No position encodings: each head h adds :math:`-m_h (i - j)` to its scores.
+    `forward(x, attention_mask=None, kv_cache=None)`: `attention_mask` is
+    `[B, T_past + T]`, 1/True for real tokens; `kv_cache` is a `KVCache` that the call
+    extends with this block.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, causal: bool = True, bias: bool = True):
-        super().__init__(d_model, n_heads, dropout=dropout, causal=causal, bias=bias)  # no rotary: ALiBi replaces it
-        self.register_buffer("slopes", get_slopes(n_heads), persistent=False)  # [H], fixed, not learned
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0,
+                 causal: bool = True, bias: bool = True):
+        # No rotary encoding: ALiBi replaces it.
+        super().__init__(d_model, n_heads, dropout=dropout, causal=causal, bias=bias)
+        self.register_buffer("slopes", get_slopes(n_heads), persistent=False)  # [H]
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask: Tensor | None) -> Tensor:
-        return alibi_attention(q, k, v, self.slopes, causal=self.causal, attention_mask=attention_mask,
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor,
+                attention_mask: Tensor | None) -> Tensor:
+        return alibi_attention(q, k, v, self.slopes, causal=self.causal,
+                               attention_mask=attention_mask,
                                dropout_p=self.dropout if self.training else 0.0)

@@ -19,63 +19,98 @@ except ImportError:
     BlockMask = flex_attention = None
 
 # %% auto #0
-__all__ = ['ALIBI_KERNELS', 'choose_alibi_kernel', 'causal_alibi_cpu_flash', 'causal_alibi_extra_columns', 'causal_alibi_flex',
-           'flush_denormals_to_zero']
+__all__ = ['ALIBI_KERNELS', 'choose_alibi_kernel', 'run_alibi_kernel', 'causal_alibi_cpu_flash', 'causal_alibi_extra_columns',
+           'causal_alibi_flex', 'flush_denormals_to_zero']
 
 # %% ../notebooks/09_alibi_kernels.ipynb #f471cb9b
 ALIBI_KERNELS = ("cpu_flash", "flex", "extra_columns", "float_bias")
 
-# The CPU flash-attention kernel that `scaled_dot_product_attention(is_causal=True)` runs on CPU, called
-# directly: unlike the public function it takes the causal flag and a float bias together, and returns each
-# row's log-sum-exp. Absent from some builds, hence getattr.
-_flash_attention_cpu = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-_flash_attention_cpu_backward = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
-# FlexAttention compiles to Triton kernels on CUDA; the causal block mask below needs BlockMask's
-# seq_lengths (torch >= 2.6).
-_FLEX_AVAILABLE = (flex_attention is not None and importlib.util.find_spec("triton") is not None
-                   and "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters)
-_PER_KEY_DTYPES = (torch.float32, torch.float64, torch.bfloat16)  # where the per-key bias keeps its precision
+# The CPU flash-attention kernel that `scaled_dot_product_attention(is_causal=True)`
+# runs on CPU, called directly: unlike the public function it takes the causal flag and
+# a float bias together, and returns each row's log-sum-exp. Absent from some builds,
+# hence getattr.
+_flash_attention_cpu = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+_flash_attention_cpu_backward = getattr(
+    torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu_backward", None)
+# FlexAttention compiles to Triton kernels on CUDA; the causal block mask below needs
+# BlockMask's seq_lengths (torch >= 2.6).
+_FLEX_AVAILABLE = (
+    flex_attention is not None and importlib.util.find_spec("triton") is not None
+    and "seq_lengths" in inspect.signature(BlockMask.from_kv_blocks).parameters)
+# Where the per-key bias keeps its precision:
+_PER_KEY_DTYPES = (torch.float32, torch.float64, torch.bfloat16)
 
 
-def choose_alibi_kernel(device_type: str, dtype: torch.dtype, d_head: int, *, causal_whole_sequence: bool,
-                        dropout: bool) -> str:
-    """The kernel (one of `ALIBI_KERNELS`) that `alibi_attention` runs for inputs like these.
+def choose_alibi_kernel(device_type: str, dtype: torch.dtype, d_head: int, *,
+                        causal_whole_sequence: bool, dropout: bool) -> str:
+    """The kernel (one of `ALIBI_KERNELS`) that `alibi_attention` runs for inputs like
+    these.
 
-    `causal_whole_sequence`: causal attention of T queries over the same T keys, no padding mask, equal
-    query and value head dims, fixed slopes; only then is the bias one per-key row. `dropout`: a
-    dropout probability above 0. Reads no tensor, so it never synchronises with a device.
+    `causal_whole_sequence`: causal attention of T queries over the same T keys, no
+    padding mask, equal query and value head dims, fixed slopes; only then is the bias
+    one per-key row. `dropout`: a dropout probability above 0. Reads no tensor, so it
+    never synchronises with a device.
     """
     if not causal_whole_sequence:
         return "float_bias"
-    if (device_type == "cpu" and not dropout and dtype in _PER_KEY_DTYPES and _flash_attention_cpu is not None
+    if (device_type == "cpu" and not dropout and dtype in _PER_KEY_DTYPES
+            and _flash_attention_cpu is not None
             and _flash_attention_cpu_backward is not None):
         return "cpu_flash"
-    if (device_type == "cuda" and not dropout and dtype in (torch.bfloat16, torch.float16) and _FLEX_AVAILABLE
-            and d_head >= 16 and d_head & (d_head - 1) == 0):  # head dims every FlexAttention version takes
+    if (device_type == "cuda" and not dropout and _FLEX_AVAILABLE
+            and dtype in (torch.bfloat16, torch.float16)
+            and d_head >= 16 and d_head & (d_head - 1) == 0):  # every version takes it
         return "flex"
     if dtype in _PER_KEY_DTYPES:
         return "extra_columns"
-    return "float_bias"  # float16 off CUDA: m (j - c) would overflow its range on long sequences
+    return "float_bias"  # float16 off CUDA: m (j - c) would overflow its range
+
+
+def run_alibi_kernel(kernel: str, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
+                     dropout_p: float = 0.0) -> Tensor:
+    """Causal ALiBi over a whole unpadded sequence on `kernel`, as `choose_alibi_kernel`
+    chose.
+
+    `kernel` is "cpu_flash", "flex" or "extra_columns" ("float_bias" is the bias tensor
+    of `alibi_attention` itself); only "extra_columns" has dropout. `[B, H, T, d_head]`
+    in, out.
+    """
+    if kernel not in ("cpu_flash", "flex", "extra_columns"):
+        raise ValueError("kernel must be 'cpu_flash', 'flex' or 'extra_columns', "
+                         f"got {kernel!r}")
+    if dropout_p > 0 and kernel != "extra_columns":
+        raise ValueError(f"kernel {kernel!r} has no dropout, got dropout_p={dropout_p}")
+    if kernel == "cpu_flash":
+        return causal_alibi_cpu_flash(q, k, v, slopes)
+    if kernel == "flex":
+        return causal_alibi_flex(q, k, v, slopes)
+    return causal_alibi_extra_columns(q, k, v, slopes, dropout_p=dropout_p)
 
 # %% ../notebooks/09_alibi_kernels.ipynb #379f4b02
-_QUERY_BLOCK = 2048  # queries sharing one centre c: the fp32 bias error stays near 2^-24 m _QUERY_BLOCK / 2
+# Queries sharing one centre c: the fp32 bias error stays near 2^-24 m _QUERY_BLOCK / 2.
+_QUERY_BLOCK = 2048
 
 
-def _key_bias(slopes: Tensor, n_keys: int, n_queries: int, centre: float, dtype: torch.dtype) -> Tensor:
-    r"""The per-key bias :math:`m (j - c)` for keys :math:`j <` `n_keys`, one row broadcast (stride 0) to every query.
+def _key_bias(slopes: Tensor, n_keys: int, n_queries: int, centre: float,
+              dtype: torch.dtype) -> Tensor:
+    r"""The per-key bias :math:`m (j - c)` for keys :math:`j <` `n_keys`, one row
+    broadcast (stride 0) to every query.
 
-    Returns `[1, H, n_queries, n_keys]` whose rows all share one `[H, n_keys]` buffer: nothing T x T exists.
+    Returns `[1, H, n_queries, n_keys]` whose rows all share one `[H, n_keys]` buffer:
+    nothing T x T exists.
     """
-    key_position = torch.arange(n_keys, device=slopes.device, dtype=torch.float64) - centre  # [T_k], j - c
-    per_key = (slopes.to(torch.float64)[:, None] * key_position).to(dtype)  # [H, T_k]
+    key_index = torch.arange(n_keys, device=slopes.device, dtype=torch.float64)  # [T_k]
+    key_position = key_index - centre  # j - c
+    # [H, T_k]: m (j - c)
+    per_key = (slopes.to(torch.float64)[:, None] * key_position).to(dtype)
     return per_key[None, :, None, :].expand(1, -1, n_queries, -1)
 
 
 def _query_blocks(length: int, block: int):
-    """Each block of queries [start, end) with its centre and its parts (first key, end key, causal):
-
-    the keys of the block itself (causal, top-left aligned as the kernel wants) and all earlier keys
-    (no mask needed: they are all in the past).
+    """Each block of queries [start, end) with its centre and its parts (first key, end
+    key, causal): the keys of the block itself (causal, top-left aligned as the kernel
+    wants) and all earlier keys (no mask needed: they are all in the past).
     """
     for start in range(0, length, block):
         end = min(start + block, length)
@@ -84,26 +119,33 @@ def _query_blocks(length: int, block: int):
 
 
 class _BlockwiseCausalAlibi(torch.autograd.Function):
-    r"""Causal ALiBi over blocks of queries, each block with its own centre, merged by log-sum-exp.
+    r"""Causal ALiBi over blocks of queries, each with its own centre, merged by
+    log-sum-exp.
 
-    Forward: a block's parts give :math:`(o_p, \ell_p)`; :math:`\ell = \log \sum_p e^{\ell_p}` and
-    :math:`o = \sum_p e^{\ell_p - \ell} o_p` is the softmax over all its keys. Backward: the kernel's
-    backward, given the merged :math:`o` and :math:`\ell`, yields each part's share of the gradients, so
-    dq sums over parts and dk, dv over the query blocks that saw each key.
+    Forward: a block's parts give :math:`(o_p, \ell_p)`;
+    :math:`\ell = \log \sum_p e^{\ell_p}` and :math:`o = \sum_p e^{\ell_p - \ell} o_p`
+    is the softmax over all its keys. Backward: the kernel's backward, given the merged
+    :math:`o` and :math:`\ell`, yields each part's share of the gradients, so dq sums
+    over parts and dk, dv over the query blocks that saw each key.
     """
 
     @staticmethod
-    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int, bias_dtype: torch.dtype) -> Tensor:
+    def forward(ctx, q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int,
+                bias_dtype: torch.dtype) -> Tensor:
         batch, n_heads, length, d_head = q.shape
         scale = 1.0 / math.sqrt(d_head)
-        out = q.new_empty(batch, length, n_heads, d_head).transpose(1, 2)  # [B, H, T, d_head], the kernel's layout
-        lse = torch.empty(batch, n_heads, length, device=q.device, dtype=bias_dtype)  # [B, H, T]
+        # [B, H, T, d_head] in the kernel's memory layout:
+        out = q.new_empty(batch, length, n_heads, d_head).transpose(1, 2)
+        # [B, H, T]
+        lse = torch.empty(batch, n_heads, length, device=q.device, dtype=bias_dtype)
         for start, end, centre, parts in _query_blocks(length, block):
-            bias = _key_bias(slopes, end, end - start, centre, bias_dtype)  # [1, H, block, end]
+            # [1, H, block, end]
+            bias = _key_bias(slopes, end, end - start, centre, bias_dtype)
             merged_out = merged_lse = None
             for first, last, causal in parts:
-                part_out, part_lse = _flash_attention_cpu(q[:, :, start:end], k[:, :, first:last], v[:, :, first:last],
-                                                          0.0, causal, attn_mask=bias[..., first:last], scale=scale)
+                part_out, part_lse = _flash_attention_cpu(
+                    q[:, :, start:end], k[:, :, first:last], v[:, :, first:last], 0.0,
+                    causal, attn_mask=bias[..., first:last], scale=scale)
                 part_out, part_lse = part_out.to(bias_dtype), part_lse.to(bias_dtype)
                 if merged_out is None:
                     merged_out, merged_lse = part_out, part_lse
@@ -123,39 +165,47 @@ class _BlockwiseCausalAlibi(torch.autograd.Function):
     def backward(ctx, grad_out: Tensor):
         q, k, v, slopes, out, lse = ctx.saved_tensors
         length, scale = q.shape[-2], 1.0 / math.sqrt(q.shape[-1])
-        grad_q, grad_k, grad_v = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        grad_q, grad_k, grad_v = (torch.zeros_like(t) for t in (q, k, v))
         for start, end, centre, parts in _query_blocks(length, ctx.block):
             bias = _key_bias(slopes, end, end - start, centre, ctx.bias_dtype)
             for first, last, causal in parts:
                 part_grads = _flash_attention_cpu_backward(
-                    grad_out[:, :, start:end], q[:, :, start:end], k[:, :, first:last], v[:, :, first:last],
-                    out[:, :, start:end], lse[:, :, start:end], 0.0, causal, attn_mask=bias[..., first:last], scale=scale)
+                    grad_out[:, :, start:end], q[:, :, start:end], k[:, :, first:last],
+                    v[:, :, first:last], out[:, :, start:end], lse[:, :, start:end],
+                    0.0, causal, attn_mask=bias[..., first:last], scale=scale)
                 grad_q[:, :, start:end] += part_grads[0]
                 grad_k[:, :, first:last] += part_grads[1]
                 grad_v[:, :, first:last] += part_grads[2]
         return grad_q, grad_k, grad_v, None, None, None
 
 
-def causal_alibi_cpu_flash(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, block: int = _QUERY_BLOCK) -> Tensor:
-    r"""Causal ALiBi on the CPU flash kernel: `is_causal=True` plus the per-key bias :math:`m (j - c)`.
+def causal_alibi_cpu_flash(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor,
+                           block: int = _QUERY_BLOCK) -> Tensor:
+    r"""Causal ALiBi on the CPU flash kernel: `is_causal=True` plus the per-key bias
+    :math:`m (j - c)`.
 
-    `q`, `k`, `v` are `[B, H, T, d_head]`, `slopes` `[H]`. Identity: for :math:`j \le i`,
-    :math:`-m (i - j) = m (j - c) - m (i - c)`, and softmax ignores the per-row :math:`m (i - c)`, so a
-    bias that is the same for every query (a stride-0 row) is exact. Its float32 rounding grows with
-    :math:`|j - c|`, so :math:`c` is the centre of each block of at most `block` queries; up to one block
-    this is a single kernel call, with the kernel's own backward.
+    `q`, `k`, `v` are `[B, H, T, d_head]`, `slopes` `[H]`. Identity: for
+    :math:`j \le i`, :math:`-m (i - j) = m (j - c) - m (i - c)`, and softmax ignores the
+    per-row :math:`m (i - c)`, so a bias that is the same for every query (a stride-0
+    row) is exact. Its float32 rounding grows with :math:`|j - c|`, so :math:`c` is the
+    centre of each block of at most `block` queries; up to one block this is a single
+    kernel call, with the kernel's own backward.
     """
-    bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32  # bf16 scores still get an fp32 bias
+    # bf16 scores still get a float32 bias:
+    bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     slopes = slopes.to(q.device)
     length = q.shape[-2]
     if length <= block:
-        bias = _key_bias(slopes, length, length, (length - 1) / 2, bias_dtype)  # [1, H, T, T], stride 0 on queries
-        return _flash_attention_cpu(q, k, v, 0.0, True, attn_mask=bias, scale=1.0 / math.sqrt(q.shape[-1]))[0]
+        # [1, H, T, T], stride 0 over the queries:
+        bias = _key_bias(slopes, length, length, (length - 1) / 2, bias_dtype)
+        return _flash_attention_cpu(q, k, v, 0.0, True, attn_mask=bias,
+                                    scale=1.0 / math.sqrt(q.shape[-1]))[0]
     return _BlockwiseCausalAlibi.apply(q, k, v, slopes, block, bias_dtype)
 
 # %% ../notebooks/09_alibi_kernels.ipynb #b635c5cb
 def _split_exactly(x: Tensor, dtype: torch.dtype, n_parts: int) -> list[Tensor]:
-    """Write `x` as a sum of `n_parts` tensors of `dtype` (each the rounding of what is left)."""
+    """Write `x` as a sum of `n_parts` tensors of `dtype` (each the rounding of what is
+    left)."""
     parts, rest = [], x
     for _ in range(n_parts):
         part = rest.to(dtype)
@@ -164,31 +214,41 @@ def _split_exactly(x: Tensor, dtype: torch.dtype, n_parts: int) -> list[Tensor]:
     return parts
 
 
-def causal_alibi_extra_columns(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *, dropout_p: float = 0.0,
+def causal_alibi_extra_columns(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
+                               dropout_p: float = 0.0,
                                head_dim_multiple: int | None = None) -> Tensor:
-    r"""Causal ALiBi on the public `scaled_dot_product_attention(is_causal=True)`: the bias rides in the dot product.
+    r"""Causal ALiBi on the public `scaled_dot_product_attention(is_causal=True)`: the
+    bias rides in the dot product.
 
-    With :math:`q'_i = [q_i, 1]` and :math:`k'_j = [k_j, m (j - c) \sqrt{d}]`, :math:`q'_i \cdot k'_j / \sqrt{d}
-    = q_i \cdot k_j / \sqrt{d} + m (j - c)`, one centre :math:`c = (T - 1) / 2`. In bf16 the column is three
-    exact bf16 parts that the kernel adds in float32. Zero columns pad the head dim to a multiple of
-    `head_dim_multiple` (default: 8 off CPU, where the flash and memory-efficient kernels need it; 1 on
-    CPU), so the scale :math:`1 / \sqrt{d}` is passed explicitly. `[B, H, T, d_head]` in and out.
+    With :math:`q'_i = [q_i, 1]` and :math:`k'_j = [k_j, m (j - c) \sqrt{d}]`,
+    :math:`q'_i \cdot k'_j / \sqrt{d} = q_i \cdot k_j / \sqrt{d} + m (j - c)`, one
+    centre :math:`c = (T - 1) / 2`. In bf16 the column is three exact bf16 parts that
+    the kernel adds in float32. Zero columns pad the head dim to a multiple of
+    `head_dim_multiple` (default: 8 off CPU, where the flash and memory-efficient
+    kernels need it; 1 on CPU), so the scale :math:`1 / \sqrt{d}` is passed explicitly.
+    `[B, H, T, d_head]` in and out.
     """
     batch, n_heads, length, d_head = q.shape
     if head_dim_multiple is None:
         head_dim_multiple = 1 if q.device.type == "cpu" else 8
     n_parts = 3 if q.dtype == torch.bfloat16 else 1
     column_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    position = torch.arange(length, device=q.device, dtype=column_dtype) - (length - 1) / 2  # [T], j - c
-    per_key = slopes.to(q.device, column_dtype)[:, None] * position * math.sqrt(d_head)  # [H, T]
-    key_columns = torch.stack(_split_exactly(per_key, q.dtype, n_parts), dim=-1)  # [H, T, n_parts]
+    key_index = torch.arange(length, device=q.device, dtype=column_dtype)  # [T]
+    position = key_index - (length - 1) / 2  # j - c
+    # m (j - c) sqrt(d_head), [H, T], as n_parts columns of q's dtype, [H, T, n_parts]:
+    per_key = slopes.to(q.device, column_dtype)[:, None] * position * math.sqrt(d_head)
+    key_columns = torch.stack(_split_exactly(per_key, q.dtype, n_parts), dim=-1)
     padded_dim = math.ceil((d_head + n_parts) / head_dim_multiple) * head_dim_multiple
     zero_columns = padded_dim - d_head - n_parts
-    q_ext = F.pad(torch.cat([q, q.new_ones(batch, n_heads, length, n_parts)], dim=-1), (0, zero_columns))
-    k_ext = F.pad(torch.cat([k, key_columns.expand(batch, -1, -1, -1)], dim=-1), (0, zero_columns))
-    v_ext = F.pad(v, (0, padded_dim - d_head))  # q_ext, k_ext, v_ext: [B, H, T, padded_dim]
-    out = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True, dropout_p=dropout_p,
-                                         scale=1.0 / math.sqrt(d_head))  # not the padded dim's default scale
+    ones = q.new_ones(batch, n_heads, length, n_parts)
+    q_ext = F.pad(torch.cat([q, ones], dim=-1), (0, zero_columns))
+    k_ext = torch.cat([k, key_columns.expand(batch, -1, -1, -1)], dim=-1)
+    k_ext = F.pad(k_ext, (0, zero_columns))
+    v_ext = F.pad(v, (0, padded_dim - d_head))  # q_ext, k_ext, v_ext: [B, H, T, padded]
+    # The scale of d_head, not the default one of the padded dim:
+    out = F.scaled_dot_product_attention(q_ext, k_ext, v_ext, is_causal=True,
+                                         dropout_p=dropout_p,
+                                         scale=1.0 / math.sqrt(d_head))
     return out[..., :d_head]
 
 # %% ../notebooks/09_alibi_kernels.ipynb #05853972
@@ -200,17 +260,22 @@ def _causal_mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) ->
 
 
 def _causal_block_mask(length: int, device: torch.device) -> BlockMask:
-    """Causal `BlockMask` for T queries and keys from its block structure (no T x T mask is evaluated).
+    """Causal `BlockMask` for T queries and keys from its block structure (no T x T mask
+    is evaluated).
 
-    Query block i: key blocks 0 .. i-1 in full, block i in part (where `_causal_mask_mod` decides).
+    Query block i: key blocks 0 .. i-1 in full, block i in part (where
+    `_causal_mask_mod` decides).
     """
     n_blocks = -(-length // _FLEX_BLOCK)
     block = torch.arange(n_blocks, device=device, dtype=torch.int32)  # [n]
-    diagonal = torch.ones(1, 1, n_blocks, device=device, dtype=torch.int32)  # [1, 1, n]: one partial block per row
-    diagonal_first = ((block[:, None] + block[None, :]) % n_blocks)[None, None]  # [1, 1, n, n]: row i starts at i
-    earlier = block.expand(n_blocks, n_blocks)[None, None].contiguous()  # [1, 1, n, n]: row i's first i are 0 .. i-1
-    return BlockMask.from_kv_blocks(diagonal, diagonal_first, block[None, None], earlier, BLOCK_SIZE=_FLEX_BLOCK,
-                                    mask_mod=_causal_mask_mod, seq_lengths=(length, length))
+    # One partial block per row, [1, 1, n], and row i starts at block i, [1, 1, n, n]:
+    diagonal = torch.ones(1, 1, n_blocks, device=device, dtype=torch.int32)
+    diagonal_first = ((block[:, None] + block[None, :]) % n_blocks)[None, None]
+    # Row i's first i full blocks are 0 .. i-1, [1, 1, n, n]:
+    earlier = block.expand(n_blocks, n_blocks)[None, None].contiguous()
+    return BlockMask.from_kv_blocks(
+        diagonal, diagonal_first, block[None, None], earlier, BLOCK_SIZE=_FLEX_BLOCK,
+        mask_mod=_causal_mask_mod, seq_lengths=(length, length))
 
 
 @functools.cache
@@ -218,20 +283,26 @@ def _compiled_flex_attention():
     return torch.compile(flex_attention)
 
 
-def causal_alibi_flex(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *, compiled: bool = True) -> Tensor:
-    r"""Causal ALiBi with FlexAttention: the score modification :math:`s - m_h (i - j)` and a causal block mask.
+def causal_alibi_flex(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
+                      compiled: bool = True) -> Tensor:
+    r"""Causal ALiBi with FlexAttention: the score modification :math:`s - m_h (i - j)`
+    and a causal block mask.
 
-    `[B, H, T, d_head]` in and out. `compiled=False` runs FlexAttention's unfused reference (T x T memory):
-    for checks only. Inside an outer `torch.compile`, FlexAttention is traced and compiled with it.
+    `[B, H, T, d_head]` in and out. `compiled=False` runs FlexAttention's unfused
+    reference (T x T memory): for checks only. Inside an outer `torch.compile`,
+    FlexAttention is traced and compiled with it.
     """
     slopes = slopes.to(q.device, torch.float32)
 
-    def alibi_score(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        return score - slopes[head] * (query - key)  # the relative form: exact near the diagonal
+    def alibi_score(score: Tensor, batch: Tensor, head: Tensor, query: Tensor,
+                    key: Tensor) -> Tensor:
+        # the relative form: exact near the diagonal
+        return score - slopes[head] * (query - key)
 
     use_compiled = compiled and not torch.compiler.is_compiling()
     attend = _compiled_flex_attention() if use_compiled else flex_attention
-    return attend(q, k, v, score_mod=alibi_score, block_mask=_causal_block_mask(q.shape[-2], q.device))
+    return attend(q, k, v, score_mod=alibi_score,
+                  block_mask=_causal_block_mask(q.shape[-2], q.device))
 
 # %% ../notebooks/09_alibi_kernels.ipynb #f7a1c0df
 def flush_denormals_to_zero() -> bool:

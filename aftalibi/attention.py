@@ -17,19 +17,23 @@ __all__ = ['check_tensor', 'causal_mask', 'attention_weights', 'attention_refere
            'RotaryPositionEncoding', 'MultiHeadAttention']
 
 # %% ../notebooks/01_attention.ipynb #c7d92092
-def check_tensor(name: str, x, shape: tuple, doc: str, *, floating: bool = True) -> None:
+def check_tensor(name: str, x, shape: tuple, doc: str, *,
+                 floating: bool = True) -> None:
     """Raise a clear error unless `x` is a tensor whose shape matches `shape`.
 
-    `shape` has one entry per dimension: an int the size must equal, or None for any size.
-    `doc` is the expected shape as the user reads it, e.g. "[B, T, d_model]".
+    `shape` has one entry per dimension: an int the size must equal, or None for any
+    size. `doc` is the expected shape as the user reads it, e.g. "[B, T, d_model]".
     """
     if not isinstance(x, Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor of shape {doc}, got {type(x).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor of shape {doc}, "
+                        f"got {type(x).__name__}")
     if x.ndim != len(shape):
-        raise ValueError(f"{name} must have shape {doc} ({len(shape)} dims), got {tuple(x.shape)}")
+        raise ValueError(f"{name} must have shape {doc} ({len(shape)} dims), "
+                         f"got {tuple(x.shape)}")
     for size, expected in zip(x.shape, shape):
         if expected is not None and size != expected:
-            raise ValueError(f"{name} must have shape {doc} = {_expected_str(shape)}, got {tuple(x.shape)}")
+            raise ValueError(f"{name} must have shape {doc} = {_expected_str(shape)}, "
+                             f"got {tuple(x.shape)}")
     if floating and not x.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {x.dtype}")
 
@@ -39,26 +43,30 @@ def _expected_str(shape: tuple) -> str:
 
 # %% ../notebooks/01_attention.ipynb #08c8cd89
 def causal_mask(q_len: int, k_len: int | None = None, *, device=None) -> Tensor:
-    r"""Boolean `[q_len, k_len]` mask, True where query :math:`i` may attend to key :math:`j`.
+    r"""Boolean `[q_len, k_len]` mask, True where query :math:`i` may attend to key
+    :math:`j`.
 
-    The queries are the last `q_len` of the `k_len` positions, so query :math:`i` sits at position
-    :math:`T_k - T_q + i` and sees the keys :math:`j \le T_k - T_q + i`; a single decoding query
-    (`q_len` = 1) sees every cached key.
+    The queries are the last `q_len` of the `k_len` positions, so query :math:`i` sits
+    at position :math:`T_k - T_q + i` and sees the keys :math:`j \le T_k - T_q + i`; a
+    single decoding query (`q_len` = 1) sees every cached key.
     """
     k_len = q_len if k_len is None else k_len
     if not 0 < q_len <= k_len:
-        raise ValueError(f"causal_mask needs 0 < q_len <= k_len, got q_len={q_len}, k_len={k_len}")
+        raise ValueError(f"causal_mask needs 0 < q_len <= k_len, got q_len={q_len}, "
+                         f"k_len={k_len}")
     query_position = torch.arange(k_len - q_len, k_len, device=device)  # [q_len]
     key_position = torch.arange(k_len, device=device)  # [k_len]
     return key_position[None, :] <= query_position[:, None]
 
 # %% ../notebooks/01_attention.ipynb #1bb0b347
-def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, causal: bool = False) -> Tensor:
-    r""":math:`\mathrm{softmax}(q k^\top / \sqrt{d} + M)` as an explicit `[..., T_q, T_k]` tensor.
+def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None,
+                      causal: bool = False) -> Tensor:
+    r""":math:`\mathrm{softmax}(q k^\top / \sqrt{d} + M)` as an explicit
+    `[..., T_q, T_k]` tensor.
 
-    `mask` is boolean, broadcastable to `[..., T_q, T_k]`, True where attention is allowed;
-    :math:`M_{ij}` is 0 there and :math:`-\infty` elsewhere (and above the diagonal when `causal`).
-    Rows that allow no key get all-zero weights.
+    `mask` is boolean, broadcastable to `[..., T_q, T_k]`, True where attention is
+    allowed; :math:`M_{ij}` is 0 there and :math:`-\infty` elsewhere (and above the
+    diagonal when `causal`). Rows that allow no key get all-zero weights.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # [..., T_q, T_k]
     allowed = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device)
@@ -67,35 +75,42 @@ def attention_weights(q: Tensor, k: Tensor, *, mask: Tensor | None = None, causa
     if mask is not None:
         allowed = allowed & mask
     scores = scores.masked_fill(~allowed, float("-inf"))
-    # A row of -inf gives 0/0 = NaN in softmax; such a row has no key to attend to: weights 0.
+    # A row of -inf gives 0/0 = NaN in softmax; such a row has no key to attend to:
+    # weights 0.
     return torch.softmax(scores, dim=-1).nan_to_num(0.0)
 
 
 def attention_reference(q: Tensor, k: Tensor, v: Tensor, *, mask: Tensor | None = None,
                         causal: bool = False) -> Tensor:
-    r"""The attention equation computed literally, :math:`\mathrm{softmax}(q k^\top / \sqrt{d} + M)\, v`:
+    r"""The attention equation computed literally,
+    :math:`\mathrm{softmax}(q k^\top / \sqrt{d} + M)\, v`:
     `attention_weights(q, k) @ v`. The test oracle."""
     return attention_weights(q, k, mask=mask, causal=causal) @ v
 
 # %% ../notebooks/01_attention.ipynb #bcca30ef
 def check_attention_mask(attention_mask: Tensor, batch: int, k_len: int) -> Tensor:
-    """Validate a `[B, T_k]` padding mask (1/True = real token) and return it as bool."""
-    check_tensor("attention_mask", attention_mask, (batch, k_len), "[B, T_k]", floating=False)
+    """Check a `[B, T_k]` padding mask (1/True = real token); return it as bool."""
+    check_tensor("attention_mask", attention_mask, (batch, k_len), "[B, T_k]",
+                 floating=False)
     if attention_mask.dtype != torch.bool:
         if attention_mask.is_floating_point() or attention_mask.is_complex():
-            raise TypeError(f"attention_mask must be bool or integer 0/1 (1 = real token), got {attention_mask.dtype}")
+            raise TypeError("attention_mask must be bool or integer 0/1 "
+                            f"(1 = real token), got {attention_mask.dtype}")
         if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
-            raise ValueError("attention_mask must hold only 0 (padding) and 1 (real token)")
+            raise ValueError("attention_mask must hold only 0 (padding) and 1 "
+                             "(real token)")
         attention_mask = attention_mask.bool()
     return attention_mask
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, attention_mask: Tensor | None = None,
-              dropout_p: float = 0.0) -> Tensor:
-    """Multi-head softmax attention on `[B, H, T, d_head]` tensors with PyTorch's fused kernel.
+def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True,
+              attention_mask: Tensor | None = None, dropout_p: float = 0.0) -> Tensor:
+    """Multi-head softmax attention on `[B, H, T, d_head]` tensors with PyTorch's fused
+    kernel.
 
-    `attention_mask` is `[B, T_k]`, 1/True for real tokens. The queries are the last T_q of the
-    T_k positions (so a KV-cache step works). Rows with no real key to attend to give 0.
+    `attention_mask` is `[B, T_k]`, 1/True for real tokens. The queries are the last T_q
+    of the T_k positions (so a KV-cache step works). Rows with no real key to attend to
+    give 0.
     """
     batch, n_heads, q_len, d_head = q.shape
     k_len = k.shape[-2]
@@ -103,7 +118,8 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, attention
         if not causal or q_len == 1:  # a single newest query sees every key
             return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
         if q_len == k_len:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, is_causal=True)
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p,
+                                                  is_causal=True)
     allowed = torch.ones(q_len, k_len, dtype=torch.bool, device=q.device)  # [T_q, T_k]
     if causal:
         allowed = causal_mask(q_len, k_len, device=q.device)
@@ -111,14 +127,16 @@ def attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = True, attention
         key_is_real = check_attention_mask(attention_mask, batch, k_len)
         allowed = allowed & key_is_real[:, None, None, :]  # [B, 1, T_q, T_k]
     has_key = allowed.any(dim=-1, keepdim=True)  # [B or 1, 1, T_q, 1]
-    # Let keyless rows attend everywhere (finite in every kernel and every torch), then zero them.
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key, dropout_p=dropout_p)
+    # Let keyless rows attend everywhere (finite in every kernel and every torch), then
+    # zero them.
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed | ~has_key,
+                                         dropout_p=dropout_p)
     return out * has_key
 
 # %% ../notebooks/01_attention.ipynb #ff4bf7fa
 @dataclass
 class KVCache:
-    """Keys and values of every position decoded so far, each `[B, H, T_past, d_head]`."""
+    """Keys and values of the positions decoded so far, each `[B, H, T_past, d_h]`."""
 
     keys: Tensor | None = None
     values: Tensor | None = None
@@ -136,26 +154,33 @@ class KVCache:
         return self.keys, self.values
 
 # %% ../notebooks/01_attention.ipynb #0925901e
-def sinusoidal_position_encoding(n_positions: int, d_model: int, *, offset: int = 0, base: float = 10000.0,
-                                 device=None, dtype: torch.dtype = torch.float32) -> Tensor:
-    r"""`[n_positions, d_model]` sinusoidal encodings of positions `offset` .. `offset + n_positions - 1`:
-    :math:`\mathrm{PE}_{p, 2i} = \sin(p\, \omega_i)` and :math:`\mathrm{PE}_{p, 2i+1} = \cos(p\, \omega_i)`
-    with :math:`\omega_i = \mathrm{base}^{-2i/d}`."""
+def sinusoidal_position_encoding(n_positions: int, d_model: int, *, offset: int = 0,
+                                 base: float = 10000.0, device=None,
+                                 dtype: torch.dtype = torch.float32) -> Tensor:
+    r"""`[n_positions, d_model]` sinusoidal encodings of positions `offset` ..
+    `offset + n_positions - 1`: :math:`\mathrm{PE}_{p, 2i} = \sin(p\, \omega_i)` and
+    :math:`\mathrm{PE}_{p, 2i+1} = \cos(p\, \omega_i)` with
+    :math:`\omega_i = \mathrm{base}^{-2i/d}`."""
     if d_model < 2 or d_model % 2:
-        raise ValueError(f"d_model must be even and >= 2 for sinusoidal encodings, got {d_model}")
-    position = torch.arange(offset, offset + n_positions, dtype=torch.float64)[:, None]  # [T, 1]
-    frequency = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)  # [d/2], omega_i
+        raise ValueError("d_model must be even and >= 2 for sinusoidal encodings, "
+                         f"got {d_model}")
+    # [T, 1]
+    position = torch.arange(offset, offset + n_positions, dtype=torch.float64)[:, None]
+    # [d/2], omega_i
+    frequency = base ** (-torch.arange(0, d_model, 2, dtype=torch.float64) / d_model)
     angle = position * frequency  # [T, d/2]
-    encoding = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)  # [T, d]: sin, cos interleaved
+    # [T, d]: sin, cos interleaved
+    encoding = torch.stack([angle.sin(), angle.cos()], dim=-1).flatten(-2)
     return encoding.to(device=device, dtype=dtype)
 
 
 class SinusoidalPositionEncoding(nn.Module):
-    r"""Adds `amplitude` times the sinusoidal encodings to `[B, T, d_model]` embeddings, :math:`x_p + a\, \mathrm{PE}_p`.
-    No parameters, any length.
+    r"""Adds `amplitude` times the sinusoidal encodings to `[B, T, d_model]` embeddings,
+    :math:`x_p + a\, \mathrm{PE}_p`. No parameters, any length.
 
-    `amplitude` should match the embeddings' scale at initialisation (their standard deviation), so
-    that positions are neither drowned nor drowning the tokens at the start of training (notebook 01).
+    `amplitude` should match the embeddings' scale at initialisation (their standard
+    deviation), so that positions are neither drowned nor drowning the tokens at the
+    start of training (notebook 01).
     """
 
     def __init__(self, d_model: int, base: float = 10000.0, amplitude: float = 1.0):
@@ -166,13 +191,15 @@ class SinusoidalPositionEncoding(nn.Module):
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        encoding = sinusoidal_position_encoding(x.shape[1], self.d_model, offset=offset, base=self.base,
-                                                device=x.device, dtype=x.dtype)  # [T, d_model]
+        encoding = sinusoidal_position_encoding(
+            x.shape[1], self.d_model, offset=offset, base=self.base, device=x.device,
+            dtype=x.dtype)  # [T, d_model]
         return x + self.amplitude * encoding
 
 # %% ../notebooks/01_attention.ipynb #b923b966
 class LearnedPositionEncoding(nn.Module):
-    """Adds a learned vector per position (`max_len` of them) to `[B, T, d_model]` embeddings."""
+    """Adds a learned vector per position (`max_len` of them) to `[B, T, d_model]`
+    embeddings."""
 
     def __init__(self, max_len: int, d_model: int):
         super().__init__()
@@ -186,8 +213,10 @@ class LearnedPositionEncoding(nn.Module):
         check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
         end = offset + x.shape[1]
         if end > self.max_len:
-            raise ValueError(f"learned position encodings were built for max_len={self.max_len} positions, got positions "
-                             f"up to {end}; sinusoidal, rotary and ALiBi encodings have no such limit")
+            raise ValueError(f"learned position encodings were built for "
+                             f"max_len={self.max_len} positions, got positions up to "
+                             f"{end}; sinusoidal, rotary and ALiBi encodings have no "
+                             "such limit")
         position = torch.arange(offset, end, device=x.device)
         return x + self.embedding(position)
 
@@ -195,24 +224,28 @@ class LearnedPositionEncoding(nn.Module):
 class RotaryPositionEncoding(nn.Module):
     r"""Rotates `[B, H, T, d_head]` queries or keys by position-dependent angles (RoPE).
 
-    The pair :math:`(x_i, x_{i + d/2})` of the vector at position :math:`p` turns by the angle
-    :math:`p\, \theta_i`, :math:`\theta_i = \mathrm{base}^{-2i/d}`, so that
-    :math:`\langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle` depends on :math:`n - m` only.
+    The pair :math:`(x_i, x_{i + d/2})` of the vector at position :math:`p` turns by the
+    angle :math:`p\, \theta_i`, :math:`\theta_i = \mathrm{base}^{-2i/d}`, so that
+    :math:`\langle R_m q, R_n k \rangle = \langle q, R_{n-m} k \rangle` depends on
+    :math:`n - m` only.
     """
 
     def __init__(self, d_head: int, base: float = 10000.0):
         super().__init__()
         if d_head < 2 or d_head % 2:
-            raise ValueError(f"d_head must be even and >= 2 for rotary encodings, got {d_head}")
+            raise ValueError("d_head must be even and >= 2 for rotary encodings, "
+                             f"got {d_head}")
         self.d_head = d_head
-        frequency = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)  # [d/2], theta_i
+        # [d/2], theta_i
+        frequency = base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
         self.register_buffer("frequency", frequency, persistent=False)
 
     def forward(self, x: Tensor, offset: int = 0) -> Tensor:
         check_tensor("x", x, (None, None, None, self.d_head), "[B, H, T, d_head]")
         # MPS has no float64; elsewhere float64 angles keep long positions exact.
         angle_dtype = torch.float32 if x.device.type == "mps" else torch.float64
-        position = torch.arange(offset, offset + x.shape[-2], device=x.device, dtype=angle_dtype)
+        position = torch.arange(offset, offset + x.shape[-2], device=x.device,
+                                dtype=angle_dtype)  # [T]
         angle = position[:, None] * self.frequency.to(x.device, angle_dtype)  # [T, d/2]
         cos, sin = angle.cos().to(x.dtype), angle.sin().to(x.dtype)
         x1, x2 = x.chunk(2, dim=-1)  # [..., T, d/2] each
@@ -220,21 +253,24 @@ class RotaryPositionEncoding(nn.Module):
 
 # %% ../notebooks/01_attention.ipynb #71e5ce29
 class MultiHeadAttention(nn.Module):
-    r"""Causal (or bidirectional) multi-head softmax attention, batch-first `[B, T, d_model]`:
+    r"""Causal (or bidirectional) multi-head softmax attention, batch-first
+    `[B, T, d_model]`:
     :math:`\mathrm{MHA}(X) = [\mathrm{head}_1, \dots, \mathrm{head}_H]\, W_O` with
     :math:`\mathrm{head}_h = \mathrm{Attention}(X W_Q^h, X W_K^h, X W_V^h)`.
 
-    `forward(x, attention_mask=None, kv_cache=None)`: `attention_mask` is `[B, T_past + T]`,
-    1/True for real tokens; `kv_cache` is a `KVCache` that the call extends with this block.
+    `forward(x, attention_mask=None, kv_cache=None)`: `attention_mask` is
+    `[B, T_past + T]`, 1/True for real tokens; `kv_cache` is a `KVCache` that the call
+    extends with this block.
     """
 
-    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0, causal: bool = True,
-                 rotary: bool = False, bias: bool = True):
+    def __init__(self, d_model: int, n_heads: int, dropout: float = 0.0,
+                 causal: bool = True, rotary: bool = False, bias: bool = True):
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads must be >= 1, got {n_heads}")
         if d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads})")
+            raise ValueError(f"d_model ({d_model}) must be divisible by "
+                             f"n_heads ({n_heads})")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1), got {dropout}")
         self.d_model, self.n_heads, self.d_head = d_model, n_heads, d_model // n_heads
@@ -243,27 +279,33 @@ class MultiHeadAttention(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=bias)  # W_O
         self.rotary = RotaryPositionEncoding(self.d_head) if rotary else None
 
-    def forward(self, x: Tensor, attention_mask: Tensor | None = None, kv_cache: KVCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None,
+                kv_cache: KVCache | None = None) -> Tensor:
         check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
         batch, length, _ = x.shape
         # [B, T, 3 d] -> 3 x [B, H, T, d_head]
-        q, k, v = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)
+        heads = self.qkv(x).view(batch, length, 3, self.n_heads, self.d_head)
+        q, k, v = heads.permute(2, 0, 3, 1, 4)
         past = 0 if kv_cache is None else len(kv_cache)
         if self.rotary is not None:
             q, k = self.rotary(q, offset=past), self.rotary(k, offset=past)
         if kv_cache is not None:
             k, v = kv_cache.append(k, v)
         if x.device.type == "cpu" and torch.is_autocast_enabled("cpu"):
-            # Under CPU bf16 autocast the projections gain most, but PyTorch's CPU attention kernels run
-            # several times slower in bf16 than in float32: mix the heads in float32, with autocast
-            # off (it would cast the inputs of scaled_dot_product_attention back to bf16).
+            # Under CPU bf16 autocast the projections gain most, but PyTorch's CPU
+            # attention kernels run several times slower in bf16 than in float32: mix
+            # the heads in float32, with autocast off (it would cast the inputs of
+            # scaled_dot_product_attention back to bf16).
             with torch.autocast("cpu", enabled=False):
-                y = self._attend(q.float(), k.float(), v.float(), attention_mask)  # [B, H, T, d_head]
+                # [B, H, T, d_head]
+                y = self._attend(q.float(), k.float(), v.float(), attention_mask)
         else:
             y = self._attend(q, k, v, attention_mask)
         return self.out(y.transpose(1, 2).reshape(batch, length, self.d_model))
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, attention_mask: Tensor | None) -> Tensor:
-        """The token mixing on `[B, H, T, d_head]` heads: the one step a subclass (ALiBi) replaces."""
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor,
+                attention_mask: Tensor | None) -> Tensor:
+        """The token mixing on `[B, H, T, d_head]` heads: the one step a subclass
+        (ALiBi) replaces."""
         return attention(q, k, v, causal=self.causal, attention_mask=attention_mask,
                          dropout_p=self.dropout if self.training else 0.0)

@@ -7,8 +7,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aftalibi.alibi import (AlibiMultiHeadAttention, alibi_attention, alibi_attention_reference, alibi_bias,
-                            get_slopes, token_positions)
+from aftalibi.alibi import (AlibiMultiHeadAttention, MinimalAlibiAttention, alibi_attention,
+                            alibi_attention_reference, alibi_bias, get_slopes, token_positions)
 from aftalibi.attention import KVCache, MultiHeadAttention
 
 float64 = torch.float64
@@ -224,6 +224,31 @@ def test_attention_errors_name_the_argument():
         alibi_attention(q, k, v, slopes, attention_mask=torch.ones(1, 5, dtype=torch.bool))
     with pytest.raises(TypeError, match="attention_mask must be bool or integer"):
         alibi_attention(q, k, v, slopes, attention_mask=torch.ones(1, 4))
+
+
+@pytest.mark.parametrize("n_heads, length", [(4, 37), (3, 5)])
+def test_minimal_layer_equals_the_package_layer_and_the_reference(n_heads, length):
+    """Notebook 03's few-line layer and the package's layer, with the same weights, compute the same
+    function: both equal the float64 oracle, and in float32 their outputs and gradients agree."""
+    torch.manual_seed(0)
+    minimal = MinimalAlibiAttention(24, n_heads).double()
+    layer = AlibiMultiHeadAttention(24, n_heads).double().eval()
+    layer.load_state_dict(minimal.state_dict())
+    x = torch.randn(2, length, 24, dtype=float64)
+    q, k, v = minimal.qkv(x).view(2, length, 3, n_heads, 24 // n_heads).permute(2, 0, 3, 1, 4)
+    heads = alibi_attention_reference(q, k, v, get_slopes(n_heads))  # [B, H, T, d_head]
+    expected = minimal.out(heads.transpose(1, 2).reshape(2, length, 24))
+    with torch.no_grad():
+        assert (minimal(x) - expected).abs().max() < 1e-12
+        assert (layer(x) - expected).abs().max() < 1e-12
+    minimal, layer, x = minimal.float(), layer.float(), x.float().requires_grad_(True)
+    out_minimal, out_layer = minimal(x), layer(x)
+    assert (out_minimal - out_layer).abs().max() < 1e-5
+    weights = torch.randn(out_layer.shape)
+    grads_minimal = torch.autograd.grad((out_minimal * weights).sum(), [x, minimal.qkv.weight])
+    grads_layer = torch.autograd.grad((out_layer * weights).sum(), [x, layer.qkv.weight])
+    for got, expected in zip(grads_layer, grads_minimal):
+        assert (got - expected).abs().max() < 1e-4 * expected.abs().max()
 
 
 def test_layer_kv_cache_decoding_equals_full_forward():

@@ -14,7 +14,7 @@ import aftalibi.alibi as alibi
 import aftalibi.alibi_kernels as kernels
 from aftalibi.alibi import AlibiMultiHeadAttention, alibi_attention, alibi_attention_reference, get_slopes
 from aftalibi.alibi_kernels import (ALIBI_KERNELS, causal_alibi_cpu_flash, causal_alibi_extra_columns,
-                                    causal_alibi_flex, choose_alibi_kernel)
+                                    causal_alibi_flex, choose_alibi_kernel, run_alibi_kernel)
 from aftalibi.attention import KVCache
 
 # Tolerances against the float64 reference: values, and gradients relative to their largest entry.
@@ -65,6 +65,18 @@ def test_kernel_choice():
     for device in ("cpu", "cuda", "mps"):
         assert choose(device, torch.float32, whole=False) == "float_bias"
     assert set(ALIBI_KERNELS) == {"cpu_flash", "flex", "extra_columns", "float_bias"}
+
+
+def test_run_alibi_kernel_runs_the_named_kernel_and_refuses_the_rest():
+    q, k, v = random_qkv(1, 2, 9, 8)
+    slopes = get_slopes(2)
+    assert torch.equal(run_alibi_kernel("cpu_flash", q, k, v, slopes), causal_alibi_cpu_flash(q, k, v, slopes))
+    assert torch.equal(run_alibi_kernel("extra_columns", q, k, v, slopes),
+                       causal_alibi_extra_columns(q, k, v, slopes))
+    with pytest.raises(ValueError, match="kernel must be 'cpu_flash', 'flex' or 'extra_columns', got 'float_bias'"):
+        run_alibi_kernel("float_bias", q, k, v, slopes)
+    with pytest.raises(ValueError, match="kernel 'cpu_flash' has no dropout"):
+        run_alibi_kernel("cpu_flash", q, k, v, slopes, dropout_p=0.1)
 
 
 def test_the_layer_chooses_from_metadata_only(monkeypatch):
