@@ -60,22 +60,34 @@ def torch_device(name: str) -> str:
     return name
 
 
+# The tag of a cell whose stored output is the full-size run a reader should see (a training curve, a
+# sample, a sweep): `refresh-notebooks` in fast mode keeps that output, `refresh-notebooks --full` replaces
+# it. Such a cell carries nbval-ignore-output too, since the test suite runs the fast mode.
+FULL_MODE_OUTPUT = "full-mode-output"
+
+
 def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeout: int) -> list[Path]:
     """Execute each notebook headless in a fresh kernel; write the executed copy to `out_dir`
-    (or back in place when `out_dir` is None). Returns the written paths."""
+    (or back in place when `out_dir` is None, keeping the stored outputs of the cells tagged
+    FULL_MODE_OUTPUT in fast mode). Returns the written paths."""
     try:
         import nbformat
         from nbclient import NotebookClient
     except ImportError as error:
         raise SystemExit(f"running notebooks needs the dev extra: pip install -e '.[dev]' ({error})")
-    # The kernel inherits this process's environment: AFTALIBI_FAST selects the notebooks' fast mode.
-    os.environ["AFTALIBI_FAST"] = "1" if fast else "0"
+    # Each kernel gets this process's environment, with AFTALIBI_FAST selecting the notebooks' fast mode.
+    kernel_environment = {**os.environ, "AFTALIBI_FAST": "1" if fast else "0"}
     written = []
     for path in notebooks:
         notebook = nbformat.read(path, as_version=4)
+        published = {cell.id: cell.outputs for cell in notebook.cells
+                     if fast and out_dir is None and FULL_MODE_OUTPUT in cell.metadata.get("tags", [])}
         start = time.perf_counter()
         NotebookClient(notebook, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(path.parent)}}).execute()
+                       resources={"metadata": {"path": str(path.parent)}}).execute(env=kernel_environment)
+        for cell in notebook.cells:
+            if cell.get("id") in published:
+                cell.outputs = published[cell.id]
         target = path if out_dir is None else out_dir / path.name
         target.parent.mkdir(parents=True, exist_ok=True)
         nbformat.write(notebook, target)
@@ -159,10 +171,15 @@ def main(argv: list[str] | None = None) -> int:
                                   help="full-size runs instead of the fast mode (the default; the test suite's)")
     notebooks_parser.add_argument("--timeout", type=int, default=1800, help="seconds allowed per cell (default: 1800)")
 
-    refresh_parser = commands.add_parser("refresh-notebooks", help="re-execute notebooks in place in fast mode, so "
-                                                                   "their stored outputs are what nbval compares against")
+    refresh_parser = commands.add_parser(
+        "refresh-notebooks", help="re-execute notebooks in place in fast mode, so that their stored outputs are "
+                                  "what nbval compares against (cells tagged full-mode-output keep theirs)")
     refresh_parser.add_argument("notebooks", type=Path, nargs="+", help="notebook files to re-execute")
-    refresh_parser.add_argument("--timeout", type=int, default=600, help="seconds allowed per cell (default: 600)")
+    refresh_parser.add_argument("--full", action="store_true",
+                                help="run them at full size instead and store every output: the run a reader sees "
+                                     "in the cells tagged full-mode-output")
+    refresh_parser.add_argument("--timeout", type=int, default=None,
+                                help="seconds allowed per cell (default: 600, or 3600 with --full)")
 
     add_extrapolate_parser(commands)
 
@@ -183,7 +200,8 @@ def main(argv: list[str] | None = None) -> int:
             written = run_notebooks(found, args.out, fast=not args.full, timeout=args.timeout)
             print(f"executed {len(written)} notebooks; open the copies in {args.out.resolve()}")
         elif args.command == "refresh-notebooks":
-            run_notebooks(args.notebooks, None, fast=True, timeout=args.timeout)
+            run_notebooks(args.notebooks, None, fast=not args.full,
+                          timeout=args.timeout or (3600 if args.full else 600))
     except (CorpusError, CheckpointError, ValueError) as error:
         print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
         return 2
