@@ -1,8 +1,8 @@
 """Kill tiny training runs with SIGTERM and SIGKILL at random moments and count what was lost.
 
 Each trial starts `python -m aftalibi train` on a terminal (a pty, so the live progress line names
-every step as it finishes), sends SIGTERM or SIGKILL after a random delay (during start-up, a step,
-an evaluation or the writing of a checkpoint), and then looks at the run's folder:
+every step as it finishes), sends SIGTERM or SIGKILL a random time after its first step (during a
+step, an evaluation or the writing of a checkpoint), and then looks at the run's folder:
 
 - runs lost: the folder holds no loadable checkpoint although the run had one to keep (SIGTERM: it
   had begun training, and saves on the signal; SIGKILL: it had passed its first evaluation);
@@ -40,8 +40,8 @@ MODEL = ["--seq-len", "32", "--batch-size", "8", "--eval-windows", "4", "--d-mod
 
 
 def run_on_a_terminal(arguments: list[str], kill_after: float | None, kill_signal: int) -> tuple[int, str]:
-    """Run `python -m aftalibi ARGUMENTS` with a pty as stdout and stderr; send `kill_signal` after `kill_after`
-    seconds (None: let it end). Returns the exit status and everything it printed."""
+    """Run `python -m aftalibi ARGUMENTS` with a pty as stdout and stderr; send `kill_signal` `kill_after` seconds
+    after it reports its first step (None: let it end). Returns the exit status and everything it printed."""
     controller, terminal = pty.openpty()
     process = subprocess.Popen([sys.executable, "-m", "aftalibi", *arguments], stdout=terminal, stderr=terminal,
                                stdin=subprocess.DEVNULL, env={**os.environ, "PYTHONWARNINGS": "ignore"})
@@ -61,6 +61,9 @@ def run_on_a_terminal(arguments: list[str], kill_after: float | None, kill_signa
     reader = threading.Thread(target=read)
     reader.start()
     if kill_after is not None:
+        started = time.monotonic()
+        while process.poll() is None and "step " not in "".join(printed) and time.monotonic() - started < 300:
+            time.sleep(0.01)  # start-up (imports, the corpus, the model) takes seconds on a busy machine
         try:
             process.wait(timeout=kill_after)
         except subprocess.TimeoutExpired:
@@ -131,8 +134,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=20, help="runs to kill, half with SIGTERM and half with SIGKILL")
     parser.add_argument("--eval-every", type=int, default=10, help="steps between two checkpoints of each run")
-    parser.add_argument("--earliest", type=float, default=1.0, help="earliest kill, in seconds after the start")
-    parser.add_argument("--latest", type=float, default=12.0, help="latest kill, in seconds after the start")
+    parser.add_argument("--earliest", type=float, default=0.0, help="earliest kill, in seconds after the first step")
+    parser.add_argument("--latest", type=float, default=5.0, help="latest kill, in seconds after the first step")
     parser.add_argument("--seed", type=int, default=0, help="seed of the signals' order and moments")
     args = parser.parse_args()
     if args.trials < 2 or not 0 <= args.earliest <= args.latest:
@@ -148,7 +151,7 @@ def main() -> None:
             kill_after = chance.uniform(args.earliest, args.latest)
             result = trial(Path(work) / f"run{number}", corpus, kill_signal, kill_after, args.eval_every)
             trials.append(result)
-            print(f"trial {number + 1}/{len(signals)}: {result['signal']} after {kill_after:.1f} s: exit {result['status']}, "
+            print(f"trial {number + 1}/{len(signals)}: {result['signal']} {kill_after:.1f} s after the first step: exit {result['status']}, "
                   f"step {result['last_step']}, checkpoint {result['saved_step']}, {result['stray']} stray file(s), "
                   f"next run {'ok' if result['next_run_ok'] else 'FAILED: ' + result['next_run_output'][-300:]}",
                   flush=True)

@@ -15,6 +15,7 @@ import torch
 import aftalibi.aft_triton as aft_triton
 import aftalibi.train as training
 from aftalibi.__main__ import main
+from aftalibi.extrapolate import load_results
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
 from aftalibi.train import (CheckpointError, RunInUse, TrainConfig, TrainingDiverged, check_attention_memory,
                             content_checksum, load_checkpoint, remove_stale_temporaries, replace_atomically, run_lock,
@@ -180,6 +181,27 @@ def test_a_loss_that_becomes_nan_stops_the_run_and_keeps_the_last_good_checkpoin
         train({"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32},
               TrainConfig(corpus=corpus_file, seq_len=16, batch_size=4, max_steps=10, eval_every=8, log_every=1,
                           optimizer="adamw", out_dir=str(tmp_path / "early")), quiet=True)
+
+
+def test_extrapolate_holds_its_results_file_and_sigterm_keeps_the_finished_models(corpus_file, tmp_path, capsys):
+    results = tmp_path / "results.json"
+    argv = ["extrapolate", "--corpus", corpus_file, "--train-len", "8", "--factors", "1", "--d-model", "16",
+            "--n-layers", "1", "--n-heads", "2", "--d-ff", "32", "--window", "4", "--factor-dim", "4", "--steps", "2",
+            "--batch-size", "2", "--warmup-steps", "1", "--eval-tokens", "16", "--eval-segments", "2",
+            "--variants", "alibi", "mha-none", "--seeds", *map(str, range(1000)), "--sweep-windows", "--threads", "1",
+            "--optimizer", OPTIMIZER, "--out", str(results)]
+    first = subprocess.Popen([sys.executable, "-m", "aftalibi", *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    wait_for(results, first)  # the first model is done and saved
+    assert main(argv) == 2
+    assert f"is in use by another run: process {first.pid} holds" in one_error_line(capsys)
+    first.send_signal(signal.SIGTERM)
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 143, err
+    assert (f"stopped by SIGTERM: {results} holds every model finished before it, the one in training is lost; "
+            "the same command continues") in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "results.json"]  # no lock, no temporary file
+    assert len(load_results(results)["training"]) >= 1
 
 
 # --- Defaults that work for every mixer ----------------------------------------------------------------------
