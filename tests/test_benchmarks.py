@@ -49,6 +49,22 @@ def test_commit_comparison_builds_both_packages_side_by_side():
     assert refused.returncode != 0 and "--base: 'no-such-rev' is not a commit of this repository" in refused.stderr
 
 
+def test_fault_injection_kills_runs_and_finds_nothing_lost():
+    """Two trials, one per signal, each killed within a second of its first step: what the closing table must say
+    at any size (no run lost, no temporary file left after the next run, which takes over every time)."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"), "--trials", "2",
+                             "--latest", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {row[1].strip(): [cell.strip() for cell in row[2:-1]] for row in
+            (line.split("|") for line in result.stdout.splitlines() if line.startswith("| SIG"))}
+    assert set(rows) == {"SIGTERM", "SIGKILL"}, result.stdout
+    for name, (trials, status, lost, steps_lost, stray, stray_after, loadable, took_over) in rows.items():
+        assert lost == "0" and stray_after == "0" and took_over == "1 of 1", result.stdout
+        written, of = loadable.split(" of ")
+        assert written == of, result.stdout  # every checkpoint written loads
+    assert rows["SIGTERM"][1] == "143" and rows["SIGTERM"][3].startswith("0 /"), result.stdout  # saved at its step
+
+
 def triton_has_ptxas() -> bool:
     """Whether Triton is installed and hands out its NVIDIA assembler (as Triton 3.6 and 3.9 do; 3.0 does not)."""
     if importlib.util.find_spec("triton") is None:

@@ -155,7 +155,7 @@ def test_models_with_absolute_positions_generate_past_max_len(corpus_file, tmp_p
 def test_generate_checks_its_options_before_loading(tmp_path, capsys):
     missing = str(tmp_path / "missing.pt")
     for arguments, message in ((["--max-new-tokens", "-3"], "--max-new-tokens must be >= 0, got -3"),
-                               (["--temperature", "-1"], "--temperature must be >= 0"),
+                               (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
                                (["--top-k", "0"], "--top-k must be >= 1"),
                                (["--prompt", ""], "--prompt must hold at least one character"),
                                ([], "checkpoint not found")):

@@ -276,7 +276,7 @@ def test_saved_models_are_checkpoints_that_a_rerun_loads_instead_of_training(cor
     assert (models / "alibi-seed0.pt").read_bytes() == before
     # A file where the folder should be is refused before any model is trained.
     monkeypatch.setattr(extrapolate, "train_model", lambda *args, **kwargs: pytest.fail("trained before the refusal"))
-    with pytest.raises(ValueError, match="alibi-seed0.pt is a file: the trained models need a folder"):
+    with pytest.raises(ValueError, match="alibi-seed0.pt is a file, not a folder"):
         run_experiment(config, models=models / "alibi-seed0.pt", log=lambda line: None)
 
 
@@ -368,10 +368,10 @@ def test_command_line_bad_input_is_one_error_line(argv, message, capsys):
 
 def test_command_line_refuses_a_folder_as_output(tmp_path, capsys):
     assert main(["extrapolate", "--out", str(tmp_path)]) == 2
-    assert capsys.readouterr().err == f"aftalibi extrapolate: error: --out must be a file path, {tmp_path} is a folder\n"
+    assert capsys.readouterr().err == f"aftalibi extrapolate: error: --out {tmp_path} is a folder, not a file path\n"
     (tmp_path / "models").write_text("not a folder")
     assert main(["extrapolate", "--save-models", str(tmp_path / "models")]) == 2
-    assert capsys.readouterr().err.endswith(f"{tmp_path / 'models'} is a file: the trained models need a folder\n")
+    assert capsys.readouterr().err.endswith(f"--save-models {tmp_path / 'models'} is a file, not a folder\n")
 
 
 def test_command_line_rejects_unknown_variants(capsys):

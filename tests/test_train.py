@@ -4,7 +4,7 @@ import json
 import math
 import os
 import traceback
-from dataclasses import fields
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import pytest
@@ -197,14 +197,17 @@ def test_ctrl_c_saves_a_checkpoint_and_resumes_exactly(corpus_file, tmp_path, ct
 
 def test_checkpoints_are_written_atomically(tmp_path, monkeypatch):
     path = tmp_path / "checkpoint.pt"
-    save_checkpoint(path, {"step": 1})
+    model = LanguageModel(ModelConfig(vocab_size=3, d_model=8, n_layers=1, n_heads=2, d_ff=8))
+    saved = {"model_config": asdict(model.config), "train_config": asdict(TrainConfig()), "model": model.state_dict(),
+             "tokenizer": CharTokenizer.from_text("abc").state_dict()}
+    save_checkpoint(path, {**saved, "step": 1})
 
     def crash(*args, **kwargs):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", crash)
     with pytest.raises(OSError):
-        save_checkpoint(path, {"step": 2})
+        save_checkpoint(path, {**saved, "step": 2})
     assert load_checkpoint(path)["step"] == 1  # the old checkpoint is intact
     assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]  # no temporary left behind
 
@@ -407,9 +410,10 @@ class LoopReads(TorchDispatchMode):
 @pytest.mark.parametrize("max_steps,log_every", [(24, 8), (48, 16)])
 def test_the_loop_reads_from_the_device_only_when_it_reports(corpus_file, tmp_path, max_steps, log_every):
     """No per-step host sync: the loss stays on the device between two reports, so a run reads one
-    value per report and one per evaluation, however many steps lie between."""
+    value per report, one per evaluation and one per checkpoint (whether the weights are finite),
+    however many steps lie between."""
     config = tiny_run(corpus_file, tmp_path, max_steps=max_steps, log_every=log_every, eval_every=max_steps,
                       eval_windows=2)
     with LoopReads() as reads:
         train(TINY_MODEL, config, quiet=True)
-    assert len(reads.lines) == max_steps // log_every + 1, reads.lines  # the reports, and the final evaluation
+    assert len(reads.lines) == max_steps // log_every + 2, reads.lines  # the reports, the final evaluation and checkpoint
