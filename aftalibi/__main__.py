@@ -208,12 +208,9 @@ def main(argv: list[str] | None = None) -> int:
                 raise ValueError(f"notebook not found: {', '.join(missing)}")
             run_notebooks(args.notebooks, None, fast=not args.full,
                           timeout=args.timeout or (3600 if args.full else 600))
-    except (CorpusError, CheckpointError, RunInUse, ValueError) as error:
+    except (CorpusError, CheckpointError, RunInUse, ValueError, TrainingDiverged) as error:
         print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
-        return 2
-    except TrainingDiverged as error:
-        print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
-        return 1
+        return 1 if isinstance(error, TrainingDiverged) else 2  # a run that failed, or input refused before any work
     except KeyboardInterrupt as stop:  # before or after the part of a command that saves its work
         print(f"aftalibi {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}",
               file=sys.stderr)

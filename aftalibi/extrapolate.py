@@ -22,9 +22,9 @@ import aftalibi
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
-from .train import (TrainConfig, check_writable, learning_rate_factor, load_checkpoint, make_optimizer,
-                            model_from_checkpoint, remove_stale_temporaries, replace_atomically, run_lock,
-                            save_checkpoint, sigterm_stops_like_ctrl_c, training_precision)
+from .train import (TrainConfig, TrainingDiverged, check_writable, learning_rate_factor, load_checkpoint,
+                            make_optimizer, model_from_checkpoint, remove_stale_temporaries, replace_atomically,
+                            run_lock, save_checkpoint, sigterm_stops_like_ctrl_c, training_precision)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
@@ -267,7 +267,8 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_to
     (notebook 06) with `config.schedule(seed)`. The same steps and batches for every variant:
     `seed` fixes the initialisation and the batches, so two variants with one seed see the same
     characters in the same order. (`train` also re-splits the plays with its seed; here the split
-    stays fixed, so every model is scored on the same validation plays.)
+    stays fixed, so every model is scored on the same validation plays.) A model whose loss or
+    weights end nan or inf stops the experiment with TrainingDiverged.
     """
     schedule = config.schedule(seed)
     device = torch.device("cpu")
@@ -289,7 +290,12 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_to
         if schedule.grad_clip:
             torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
         optimizer.step()
-    return model, loss.item()
+    last_loss = loss.item()
+    if not (math.isfinite(last_loss) and all(torch.isfinite(p).all() for p in model.parameters())):
+        raise TrainingDiverged(f"{model_config.mixer} (seed {seed}) diverged: its training loss is {last_loss} at step "
+                               f"{schedule.max_steps}, or its weights hold nan or inf; the results of the models before "
+                               "it are kept, and no result of it is written")
+    return model, last_loss
 
 # %% ../notebooks/07_extrapolation.ipynb #f1a6807e
 RESULTS_FORMAT = "aftalibi-extrapolation-v2"

@@ -422,14 +422,16 @@ def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
     """Refuse a checkpoint that is damaged or malformed before anything is built from it.
 
     The content must match its checksum (when it has one); the entries of CHECKPOINT_FIELDS must be
-    there, and they and those of OPTIONAL_CHECKPOINT_FIELDS that are there must have their types; model_config must be a valid ModelConfig whose parameters have exactly
-    the shapes of the stored weights, and whose weights and tables fit in this machine's memory,
-    so that a crafted file cannot make `model_from_checkpoint` allocate more than the file holds.
+    there, and they and those of OPTIONAL_CHECKPOINT_FIELDS that are there must have their types;
+    model_config must be a valid ModelConfig whose parameters have exactly the shapes of the stored
+    weights, and whose weights and tables fit in this machine's memory, so that a crafted file
+    cannot make `model_from_checkpoint` allocate more than the file holds.
     """
     if "checksum" in state and state["checksum"] != content_checksum(state):
         raise CheckpointError(f"{source} is damaged: its content does not match the checksum stored when it was saved; "
                               "use another copy, or train again")
-    for name, kind in (*CHECKPOINT_FIELDS.items(), *((n, k) for n, k in OPTIONAL_CHECKPOINT_FIELDS.items() if n in state)):
+    present = {name: kind for name, kind in OPTIONAL_CHECKPOINT_FIELDS.items() if name in state}
+    for name, kind in {**CHECKPOINT_FIELDS, **present}.items():
         if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool):
             raise CheckpointError(f"{source}: entry {name!r} must be of type {kind.__name__}, got "
                                   f"{type(state.get(name)).__name__}")
@@ -448,7 +450,8 @@ def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
         raise CheckpointError(f"{source}: model_config dropout must be a number in [0, 1), got {config.dropout!r}")
     blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
     if config.n_layers != len(blocks):  # checked before the model is built: n_layers sets how many blocks it builds
-        raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} but the weights hold {len(blocks)} blocks")
+        raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} but the weights hold "
+                              f"{len(blocks)} blocks")
     try:
         with torch.device("meta"):  # shapes only: nothing is allocated
             expected = LanguageModel(config)

@@ -15,7 +15,7 @@ import torch
 import aftalibi.aft_triton as aft_triton
 import aftalibi.train as training
 from aftalibi.__main__ import main
-from aftalibi.extrapolate import load_results
+from aftalibi.extrapolate import ExtrapolationConfig, load_results, run_experiment
 from aftalibi.model import MIXERS, LanguageModel, ModelConfig
 from aftalibi.train import (CheckpointError, RunInUse, TrainConfig, TrainingDiverged, check_attention_memory,
                             content_checksum, load_checkpoint, remove_stale_temporaries, replace_atomically, run_lock,
@@ -202,6 +202,28 @@ def test_extrapolate_holds_its_results_file_and_sigterm_keeps_the_finished_model
             "the same command continues") in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["corpus.txt", "results.json"]  # no lock, no temporary file
     assert len(load_results(results)["training"]) >= 1
+
+
+def test_an_extrapolation_model_that_diverges_stops_the_experiment_keeping_the_models_before_it(corpus_file, tmp_path,
+                                                                                                   monkeypatch):
+    clip, calls = torch.nn.utils.clip_grad_norm_, {"count": 0}
+
+    def exploding(parameters, max_norm):  # the second model's first step: nan gradients
+        parameters = list(parameters)
+        calls["count"] += 1
+        if calls["count"] == 3:
+            for parameter in parameters:
+                parameter.grad.fill_(math.nan)
+        return clip(parameters, max_norm)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", exploding)
+    config = ExtrapolationConfig(corpus=corpus_file, train_len=8, factors=(1,), d_model=16, n_layers=1, n_heads=2,
+                                 d_ff=32, window=4, factor_dim=4, steps=2, batch_size=2, warmup_steps=1, eval_tokens=16,
+                                 eval_segments=2, variants=("alibi", "mha-none"), seeds=(0,), sweep_windows=(),
+                                 optimizer="adamw")
+    with pytest.raises(TrainingDiverged, match=r"mha \(seed 0\) diverged: its training loss is nan at step 2"):
+        run_experiment(config, path=tmp_path / "results.json", log=lambda line: None)
+    assert [record["variant"] for record in load_results(tmp_path / "results.json")["training"]] == ["alibi"]
 
 
 # --- Defaults that work for every mixer ----------------------------------------------------------------------
