@@ -14,11 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .attention import check_tensor
+
 # %% auto #0
 __all__ = ['AFT_KERNELS', 'SHIFT_HEADROOM', 'default_aft_kernel', 'aft_kernel', 'selected_aft_kernel', 'accumulation_dtype',
-           'outside_autocast', 'skew', 'unskew', 'band_entries', 'crop_band', 'far_keys', 'row_shifts', 'decayed_carry',
-           'monotone_shift', 'key_shifts', 'to_blocks', 'from_blocks', 'later_blocks', 'ratio', 'band_matrices',
-           'chunked_band', 'recompute_in_backward', 'aft_local_chunked', 'band_kernel', 'aft_local_kernel']
+           'outside_autocast', 'check_key_padding_mask', 'check_qkv', 'check_window', 'skew', 'unskew', 'band_entries',
+           'crop_band', 'far_keys', 'row_shifts', 'decayed_carry', 'monotone_shift', 'key_shifts', 'to_blocks',
+           'from_blocks', 'later_blocks', 'ratio', 'band_matrices', 'chunked_band', 'recompute_in_backward',
+           'aft_local_chunked', 'chunked_full']
 
 # %% ../notebooks/08_aft_kernels.ipynb #71e5b8c0
 AFT_KERNELS = ("cpu-chunked", "gpu-chunked", "triton")
@@ -70,6 +73,41 @@ def outside_autocast(function):
         with torch.autocast(device.type, enabled=False):
             return function(*args, **kwargs)
     return without_autocast
+
+# %% ../notebooks/08_aft_kernels.ipynb #16c40925
+def check_key_padding_mask(key_padding_mask, batch: int, length: int):
+    """Validate a `[B, T]` bool mask (True = padding, as in nn.MultiheadAttention);
+    None passes."""
+    if key_padding_mask is None:
+        return None
+    check_tensor("key_padding_mask", key_padding_mask, (batch, length), "[B, T]",
+                 floating=False)
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError("key_padding_mask must be a bool tensor (True = padding), "
+                        f"got dtype {key_padding_mask.dtype}")
+    return key_padding_mask
+
+
+def check_qkv(q, k, v, key_channels: str = "d") -> tuple[int, int, int]:
+    """Validate AFT's projections q, k, v `[B, T, d]` (k `[B, T, h]` for `key_channels="h"`,
+    one key channel per head); returns B, T and d."""
+    check_tensor("q", q, (None, None, None), "[B, T, d]")
+    batch, length, d = q.shape
+    check_tensor("v", v, (batch, length, d), "[B, T, d]")
+    if key_channels == "d":
+        check_tensor("k", k, (batch, length, d), "[B, T, d]")
+    else:
+        check_tensor("k", k, (batch, length, None), "[B, T, h]")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    return batch, length, d
+
+
+def check_window(window) -> int:
+    """Validate AFT-local's and AFT-conv's window s: an int >= 1."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    return window
 
 # %% ../notebooks/08_aft_kernels.ipynb #18c7ecd6
 def skew(band: Tensor) -> Tensor:
@@ -294,7 +332,7 @@ def _block_matmul(matrix: Tensor, x: Tensor) -> Tensor:
 
 @outside_autocast
 def chunked_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
-                 key_padding_mask: Tensor | None) -> Tensor:
+                 key_padding_mask: Tensor | None, *, from_the_past: bool = False) -> Tensor:
     r"""AFT-local, AFT-conv and AFT-simple in blocks, with no loop and no host sync: the GPU path.
 
     q, v: `[B, T, d]`; k: `[B, T, d]`, or `[B, T, G]` for one key channel per group (AFT-conv's heads);
@@ -303,7 +341,7 @@ def chunked_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, cau
     through one `[L, 3L]` matrix (:math:`e^{w}` inside the window, 1 outside; `band_matrices`), and
     every farther key with weight 1 through the running totals of the blocks, carried in log space
     (`decayed_carry`). Keys are shifted per block by their running max (`key_shifts`), rows
-    by their largest bias (`row_shifts`).
+    by their largest bias (`row_shifts`); `from_the_past` as in `key_shifts` (True on CPUs).
     """
     batch, length, d = q.shape
     if length == 0:
@@ -316,10 +354,10 @@ def chunked_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, cau
     keys = k.to(acc)
     if key_padding_mask is not None:  # padded keys get e^{-inf} = 0: they contribute nothing
         keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
-    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=selected_aft_kernel(q.device) == "cpu-chunked")
+    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=from_the_past)
     if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:  # the CPU path only: see `key_shifts`
         return chunked_band(q.double(), k.double(), v.double(), band.double(), window, causal,
-                            key_padding_mask).to(q.dtype)
+                            key_padding_mask, from_the_past=True).to(q.dtype)
     shift = shift.view(batch, n_blocks, groups, -1).permute(2, 1, 0, 3)[:, :, None]  # [G, n, 1, B, k]
     return recompute_in_backward(_mix_in_blocks, q, k, v, band, shift, key_padding_mask, window, block, causal)
 
@@ -691,20 +729,52 @@ def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
         return aft_local_chunked(qkv.double(), band.double(), window, causal, key_padding_mask).to(qkv.dtype)
     return _AFTLocalFunction.apply(qkv, band, shift, window, block, causal, key_padding_mask)
 
-# %% ../notebooks/08_aft_kernels.ipynb #37e6eecf
-def band_kernel(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
-                key_padding_mask: Tensor | None) -> Tensor:
-    """`chunked_band`'s sums (AFT-local, AFT-conv, AFT-simple; band `[G, T, 2s - 1]`) by the selected
-    kernel: the fused Triton kernels of Appendix C for `triton`, `chunked_band` otherwise."""
-    if selected_aft_kernel(q.device) == "triton":
-        from aftalibi.aft_triton import triton_band  # Appendix C builds on this module, hence imported here
-        return triton_band(q, k, v, band, window, causal, key_padding_mask)
-    return chunked_band(q, k, v, band, window, causal, key_padding_mask)
+# %% ../notebooks/08_aft_kernels.ipynb #c86c889f
+@outside_autocast
+def chunked_full(q: Tensor, k: Tensor, v: Tensor, w: Tensor, causal: bool,
+                 key_padding_mask: Tensor | None, *, from_the_past: bool = False) -> Tensor:
+    r"""AFT-full on `[B, T, d]` projections and its bias `w` `[T, T]`: the paper's
+    :math:`e^{w} (e^{K} \odot V)` and :math:`e^{w} e^{K}`, stably.
+
+    Rows are shifted by their largest bias r_t, keys by a shift c: bidirectional, one max over
+    all keys; causal, queries in blocks of L, each with its shift from `key_shifts`
+    (`from_the_past` as there), so that keys rising along time never underflow an earlier
+    block (the keys are then exponentiated once per query block: `[n, T, B, d]`, n <= 16).
+    """
+    length = q.shape[1]
+    if length == 0:
+        return q * 0.0
+    acc = accumulation_dtype(q.dtype)
+    keys = k.to(acc)
+    if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
+        keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
+    block = max(64, -(-length // 16)) if causal else length  # L
+    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=from_the_past)
+    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:  # from the past only
+        return chunked_full(q.double(), k.double(), v.double(), w.double(), causal,
+                            key_padding_mask, from_the_past=True).to(q.dtype)
+    shift = shift.transpose(0, 1)[:, None]  # [n, 1, B, d]
+    # autograd keeps the inputs only
+    return recompute_in_backward(_full_in_blocks, q, keys, v, w, shift, causal, block)
 
 
-def aft_local_kernel(qkv: Tensor, band: Tensor, window: int, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`, by the selected kernel."""
-    if selected_aft_kernel(qkv.device) == "cpu-chunked":
-        return aft_local_chunked(qkv, band, window, causal, key_padding_mask)
-    q, k, v = qkv.chunk(3, dim=-1)
-    return band_kernel(q, k, v, band[None], window, causal, key_padding_mask)
+def _full_in_blocks(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, shift: Tensor,
+                    causal: bool, block: int) -> Tensor:
+    """The body of `chunked_full`, given the keys (-inf at padding), shifts `[n, 1, B, d]`."""
+    batch, length, d = q.shape
+    n_blocks, acc = shift.shape[0], shift.dtype
+    allowed = torch.ones(length, length, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    w = w.to(acc)
+    row_shift = row_shifts(w, allowed, far=False)  # r_t
+    exp_w = torch.exp(w.masked_fill(~allowed, float("-inf")) - row_shift)  # [T, T]
+    # e^{K - c_j} for query block j; a key after the block may exceed the head-room, but
+    # meets e^{-inf} = 0 in exp_w
+    weights = torch.exp((keys.transpose(0, 1) - shift).clamp_max(SHIFT_HEADROOM[acc]))
+    terms = torch.cat([weights * v.to(acc).transpose(0, 1), weights], dim=-1)  # [n, T, B, 2d]
+    exp_w = F.pad(exp_w, (0, 0, 0, n_blocks * block - length)).view(n_blocks, block, length)
+    sums = (exp_w @ terms.flatten(-2)).view(n_blocks, block, batch, 2 * d)  # [n, L, B, 2d]
+    num, den = sums.split(d, dim=-1)
+    mixed = from_blocks(ratio(num, den)[None], length)  # [B, T, d]
+    return (torch.sigmoid(q.to(acc)) * mixed).to(q.dtype)
