@@ -10,6 +10,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import aft_kernels as kernels  # Appendix A: kernels, input checks
+from .aft_kernels import AFT_KERNELS, aft_kernel, default_aft_kernel
+from .attention import check_tensor
+
 # %% auto #0
 __all__ = ['aft_reference', 'MinimalAFTLocal', 'band_of', 'aft_full', 'aft_local', 'aft_simple', 'conv_band', 'aft_conv',
            'AFTSimple', 'AFTFull', 'AFTLocal', 'AFTConv', 'AFTState', 'aft_step']
@@ -18,10 +22,8 @@ __all__ = ['aft_reference', 'MinimalAFTLocal', 'band_of', 'aft_full', 'aft_local
 def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *,
                   causal: bool = False, key_padding_mask: Tensor | None = None
                   ) -> Tensor:
-    r"""The AFT equation computed literally with a `[B, T, T, d]` tensor: the oracle.
+    """The AFT equation computed literally with a `[B, T, T, d]` tensor: the oracle.
 
-    :math:`Y_t = \sigma(Q_t) \odot \sum_{t'} e^{K_{t'} + w_{t,t'}} \odot V_{t'}
-    / \sum_{t'} e^{K_{t'} + w_{t,t'}}`.
     `w` is `[T, T]` (one bias per pair) or `[G, T, T]` (one per group of d/G channels,
     AFT-conv's heads); None means w = 0 (AFT-simple). `key_padding_mask` is `[B, T]`,
     True at padding. Rows with no key to use give 0.
@@ -81,13 +83,7 @@ def band_of(w: Tensor, window: int) -> Tensor:
     inside = (key_position >= 0) & (key_position < length)
     return w.gather(-1, key_position.clamp(0, length - 1)).masked_fill(~inside, 0.0)
 
-# %% ../notebooks/02_aft.ipynb #8e498f22
-from . import aft_kernels as kernels  # Appendix A
-# re-exported: the names that choose a kernel
-from .aft_kernels import AFT_KERNELS, aft_kernel, default_aft_kernel
-from .attention import check_tensor
-
-
+# %% ../notebooks/02_aft.ipynb #bc99041b
 def _full_sums(q, k, v, w, causal, key_padding_mask):
     """AFT-full's mixing by the kernel `aft_kernel` selects for the device."""
     kernel = kernels.selected_aft_kernel(q.device)
@@ -180,13 +176,7 @@ def aft_conv(q: Tensor, k: Tensor, v: Tensor, kernel: Tensor, *, causal: bool = 
     band = conv_band(kernel, length, causal)
     return _band_sums(q, k, v, band, window, causal, key_padding_mask)
 
-# %% ../notebooks/02_aft.ipynb #26c600b7
-def _too_long(name: str, max_len: int, length: int) -> ValueError:
-    return ValueError(f"{name} was built for max_len={max_len} positions (its biases w "
-                      f"are absolute), got T={length}; AFT-simple and AFT-conv have no "
-                      "such limit")
-
-
+# %% ../notebooks/02_aft.ipynb #69e2950b
 class _AFTBase(nn.Module):
     """The q/k/v/output projections shared by the AFT layers."""
 
@@ -229,6 +219,12 @@ class _AFTBase(nn.Module):
         q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
         bias, k = self._step_bias(state.position, k)
         return self.out(aft_step(state, q, k, v, bias).to(x.dtype))
+
+
+def _too_long(name: str, max_len: int, length: int) -> ValueError:
+    return ValueError(f"{name} was built for max_len={max_len} positions (its biases w "
+                      f"are absolute), got T={length}; AFT-simple and AFT-conv have no "
+                      "such limit")
 
 # %% ../notebooks/02_aft.ipynb #38476aa3
 class AFTSimple(_AFTBase):
