@@ -10,52 +10,23 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from . import aft_kernels as kernels  # Appendix A: kernels, input checks
+from .aft_kernels import AFT_KERNELS, aft_kernel, default_aft_kernel
 from .attention import check_tensor
-from .aft_kernels import (AFT_KERNELS, SHIFT_HEADROOM, accumulation_dtype, aft_kernel, aft_local_kernel, band_kernel,
-                          default_aft_kernel, from_blocks, key_shifts, outside_autocast, ratio,
-                          recompute_in_backward, row_shifts, selected_aft_kernel)
 
 # %% auto #0
-__all__ = ['check_key_padding_mask', 'aft_reference', 'aft_full', 'band_of', 'aft_local', 'conv_band', 'aft_conv', 'aft_simple',
-           'AFTState', 'aft_step', 'AFTSimple', 'AFTFull', 'AFTLocal', 'AFTConv']
-
-# %% ../notebooks/02_aft.ipynb #81052e94
-def check_key_padding_mask(key_padding_mask, batch: int, length: int):
-    """Validate a `[B, T]` bool mask (True = padding, as in nn.MultiheadAttention); None passes."""
-    if key_padding_mask is None:
-        return None
-    check_tensor("key_padding_mask", key_padding_mask, (batch, length), "[B, T]", floating=False)
-    if key_padding_mask.dtype != torch.bool:
-        raise TypeError(f"key_padding_mask must be a bool tensor (True = padding), got dtype {key_padding_mask.dtype}")
-    return key_padding_mask
-
-
-def _check_qkv(q, k, v, key_channels: str = "d"):
-    check_tensor("q", q, (None, None, None), "[B, T, d]")
-    batch, length, d = q.shape
-    check_tensor("v", v, (batch, length, d), "[B, T, d]")
-    if key_channels == "d":
-        check_tensor("k", k, (batch, length, d), "[B, T, d]")
-    else:
-        check_tensor("k", k, (batch, length, None), "[B, T, h]")
-    if not (q.dtype == k.dtype == v.dtype):
-        raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    return batch, length, d
-
-
-def _check_window(window) -> int:
-    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
-        raise ValueError(f"window must be an int >= 1, got {window!r}")
-    return window
+__all__ = ['aft_reference', 'MinimalAFTLocal', 'band_of', 'aft_full', 'aft_local', 'aft_simple', 'conv_band', 'aft_conv',
+           'AFTSimple', 'AFTFull', 'AFTLocal', 'AFTConv', 'AFTState', 'aft_step']
 
 # %% ../notebooks/02_aft.ipynb #849e2f50
-def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *, causal: bool = False,
-                  key_padding_mask: Tensor | None = None) -> Tensor:
-    r"""The AFT equation computed literally with a `[B, T, T, d]` tensor: the test oracle.
+def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *,
+                  causal: bool = False, key_padding_mask: Tensor | None = None
+                  ) -> Tensor:
+    """The AFT equation computed literally with a `[B, T, T, d]` tensor: the oracle.
 
-    :math:`Y_t = \sigma(Q_t) \odot \sum_{t'} e^{K_{t'} + w_{t,t'}} \odot V_{t'} / \sum_{t'} e^{K_{t'} + w_{t,t'}}`.
-    `w` is `[T, T]` (one bias per pair) or `[G, T, T]` (one per group of d/G channels, AFT-conv's
-    heads); None means w = 0 (AFT-simple). Rows with no key to use give 0.
+    `w` is `[T, T]` (one bias per pair) or `[G, T, T]` (one per group of d/G channels,
+    AFT-conv's heads); None means w = 0 (AFT-simple). `key_padding_mask` is `[B, T]`,
+    True at padding. Rows with no key to use give 0.
     """
     batch, length, d = q.shape
     if w is None:
@@ -66,96 +37,119 @@ def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *, c
     logits = k[:, None, :, :] + w[None]  # [B, T, T', d]: K_t' + w_tt'
     allowed = torch.ones(length, length, dtype=torch.bool, device=q.device)
     if causal:
-        allowed = torch.ones_like(allowed).tril()
+        allowed = allowed.tril()
     allowed = allowed[None, :, :, None]  # [1, T, T', 1]
     if key_padding_mask is not None:
         allowed = allowed & ~key_padding_mask[:, None, :, None]
     logits = logits.masked_fill(~allowed, float("-inf"))
-    weights = torch.softmax(logits, dim=2).nan_to_num(0.0)  # a row of -inf: no key, weight 0
+    weights = torch.softmax(logits, dim=2).nan_to_num(0.0)  # all -inf: no key, weight 0
     return torch.sigmoid(q) * (weights * v[:, None]).sum(2)
 
-# %% ../notebooks/02_aft.ipynb #d7415846
-@outside_autocast
-def _aft_full_products(q: Tensor, k: Tensor, v: Tensor, w: Tensor, causal: bool,
-                       key_padding_mask: Tensor | None) -> Tensor:
-    r"""The paper's two products :math:`e^{w} (e^{K} \odot V)` and :math:`e^{w} e^{K}`, stably.
+# %% ../notebooks/02_aft.ipynb #c5cf4baf
+class MinimalAFTLocal(nn.Module):
+    """AFT-local(s) as its equation, with a dense `[T, T]` bias, O(T^2 d): the oracle
+    of the package's `AFTLocal` (the same parameters, computed by the fast form)."""
 
-    Rows are shifted by their largest bias r_t, keys by a shift c: bidirectional, one max over all
-    keys; causal, queries in blocks of L, each with the running max of the keys up to its block's
-    end, so that keys rising along time never underflow an earlier block (the keys are then
-    exponentiated once per query block: `[n, T, B, d]`, n <= 16).
-    """
-    length = q.shape[1]
-    if length == 0:
-        return q * 0.0
-    if selected_aft_kernel(q.device) == "triton":  # fused, Appendix C
-        from aftalibi.aft_triton import triton_full
-        return triton_full(q, k, v, w, causal, key_padding_mask)
-    acc = accumulation_dtype(q.dtype)
-    keys = k.to(acc)
-    if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
-        keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
-    block = max(64, -(-length // 16)) if causal else length  # L
-    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=selected_aft_kernel(q.device) == "cpu-chunked")
-    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:  # the CPU path only
-        return _aft_full_products(q.double(), k.double(), v.double(), w.double(), causal, key_padding_mask).to(q.dtype)
-    shift = shift.transpose(0, 1)[:, None]  # [n, 1, B, d]
-    return recompute_in_backward(_products, q, keys, v, w, shift, causal, block)  # autograd keeps the inputs only
+    def __init__(self, d_model: int, max_len: int, window: int, causal: bool = True):
+        super().__init__()
+        self.window, self.causal = window, causal
+        self.to_q = nn.Linear(d_model, d_model)  # W_Q
+        self.to_k = nn.Linear(d_model, d_model)  # W_K
+        self.to_v = nn.Linear(d_model, d_model)  # W_V
+        self.out = nn.Linear(d_model, d_model)  # W_O
+        self.band = nn.Parameter(torch.zeros(max_len, 2 * window - 1))  # w_{t,t+δ}
 
-
-def _products(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, shift: Tensor, causal: bool, block: int) -> Tensor:
-    """The body of `_aft_full_products`, given the keys (-inf at padding) and their shifts `[n, 1, B, d]`."""
-    batch, length, d = q.shape
-    n_blocks, acc = shift.shape[0], shift.dtype
-    allowed = torch.ones(length, length, dtype=torch.bool, device=q.device)
-    if causal:
-        allowed = allowed.tril()
-    w = w.to(acc)
-    exp_w = torch.exp(w.masked_fill(~allowed, float("-inf")) - row_shifts(w, allowed, far=False))  # [T, T]
-    # e^{K - c_j} for query block j; a key after the block may exceed the head-room, but meets e^{-inf} = 0 in exp_w
-    weights = torch.exp((keys.transpose(0, 1) - shift).clamp_max(SHIFT_HEADROOM[acc]))  # [n, T, B, d]
-    terms = torch.cat([weights * v.to(acc).transpose(0, 1), weights], dim=-1)  # [n, T, B, 2d]
-    exp_w = F.pad(exp_w, (0, 0, 0, n_blocks * block - length)).view(n_blocks, block, length)
-    sums = (exp_w @ terms.flatten(-2)).view(n_blocks, block, batch, 2 * d)  # [n, L, B, 2d]
-    num, den = sums.split(d, dim=-1)
-    mixed = from_blocks(ratio(num, den)[None], length)  # [B, T, d]
-    return (torch.sigmoid(q.to(acc)) * mixed).to(q.dtype)
-
-
-def aft_full(q: Tensor, k: Tensor, v: Tensor, w: Tensor, *, causal: bool = False,
-             key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-full on `[B, T, d]` projections with a `[T, T]` bias `w`: O(T^2 d)."""
-    batch, length, _ = _check_qkv(q, k, v)
-    check_tensor("w", w, (length, length), "[T, T]")
-    key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
-    return _aft_full_products(q, k, v, w, causal, key_padding_mask)
+    def forward(self, x: Tensor) -> Tensor:  # x: [B, T, d_model]
+        length, s = x.shape[1], self.window
+        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)  # X W_Q, X W_K, X W_V
+        positions = torch.arange(length, device=x.device)
+        delta = positions[None, :] - positions[:, None]  # δ = t' - t, [T, T]
+        w = self.band[:length].gather(1, (delta + s - 1).clamp(0, 2 * s - 2))  # w_tt'
+        w = torch.where(delta.abs() < s, w, 0.0)  # w'_tt': w_tt' if |t-t'| < s, else 0
+        if self.causal:
+            w = w.masked_fill(delta > 0, float("-inf"))  # only t' <= t: e^{-inf} = 0
+        k = k - k.amax(dim=1, keepdim=True)  # K - c: e^{-c} cancels in num / den
+        num = torch.exp(w) @ (torch.exp(k) * v)  # sum_t' e^{w'_tt'} e^{K_t'} V_t'
+        den = torch.exp(w) @ torch.exp(k)  # sum_t' e^{w'_tt'} e^{K_t'}
+        return self.out(torch.sigmoid(q) * num / den)  # W_O(σ(Q_t) ⊙ num_t / den_t)
 
 # %% ../notebooks/02_aft.ipynb #7e8a64e6
 def band_of(w: Tensor, window: int) -> Tensor:
-    """The band storage `[T, 2 window - 1]` of a `[T, T]` bias: entry (t, delta + window - 1) = w_{t, t + delta}."""
+    """The band storage `[T, 2 window - 1]` of a `[T, T]` bias:
+    entry (t, delta + window - 1) = w_{t, t + delta}."""
     length = w.shape[-1]
     offset = torch.arange(-(window - 1), window, device=w.device)
-    key_position = torch.arange(length, device=w.device)[:, None] + offset  # [T, 2s - 1]
+    key_position = torch.arange(length, device=w.device)[:, None] + offset  # [T, 2s-1]
     inside = (key_position >= 0) & (key_position < length)
     return w.gather(-1, key_position.clamp(0, length - 1)).masked_fill(~inside, 0.0)
 
-# %% ../notebooks/02_aft.ipynb #63b39957
-def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *, causal: bool = False,
-              key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-local(s): the bias `w` (`[T, T]`) is used where |t - t'| < window, 0 elsewhere. O(T s d)."""
-    batch, length, _ = _check_qkv(q, k, v)
+# %% ../notebooks/02_aft.ipynb #bc99041b
+def _full_sums(q, k, v, w, causal, key_padding_mask):
+    """AFT-full's mixing by the kernel `aft_kernel` selects for the device."""
+    kernel = kernels.selected_aft_kernel(q.device)
+    if kernel == "triton":
+        from aftalibi.aft_triton import triton_full  # optional: imported when chosen
+        return triton_full(q, k, v, w, causal, key_padding_mask)
+    return kernels.chunked_full(q, k, v, w, causal, key_padding_mask,
+                                from_the_past=kernel == "cpu-chunked")
+
+
+def _band_sums(q, k, v, band, window, causal, key_padding_mask):
+    """AFT-local, AFT-conv and AFT-simple (biases as a band `[G, T, 2s - 1]`), by the
+    kernel `aft_kernel` selects for the device."""
+    kernel = kernels.selected_aft_kernel(q.device)
+    if kernel == "triton":
+        from aftalibi.aft_triton import triton_band
+        return triton_band(q, k, v, band, window, causal, key_padding_mask)
+    return kernels.chunked_band(q, k, v, band, window, causal, key_padding_mask,
+                                from_the_past=kernel == "cpu-chunked")
+
+
+def _local_sums(qkv, band, window, causal, key_padding_mask):
+    """AFT-local on `[Q | K | V]` and its band `[T, 2s - 1]`: the hand-written CPU
+    kernel (`cpu-chunked`) or `_band_sums`."""
+    if kernels.selected_aft_kernel(qkv.device) == "cpu-chunked":
+        return kernels.aft_local_chunked(qkv, band, window, causal, key_padding_mask)
+    q, k, v = qkv.chunk(3, dim=-1)
+    return _band_sums(q, k, v, band[None], window, causal, key_padding_mask)
+
+# %% ../notebooks/02_aft.ipynb #d4a48c24
+def aft_full(q: Tensor, k: Tensor, v: Tensor, w: Tensor, *, causal: bool = False,
+             key_padding_mask: Tensor | None = None) -> Tensor:
+    """AFT-full on `[B, T, d]` projections with a `[T, T]` bias `w`: O(T^2 d)."""
+    batch, length, _ = kernels.check_qkv(q, k, v)
     check_tensor("w", w, (length, length), "[T, T]")
-    window = _check_window(window)
-    key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
-    window = min(window, max(length, 1))
-    return aft_local_kernel(torch.cat([q, k, v], dim=-1), band_of(w, window), window, causal, key_padding_mask)
+    key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
+    return _full_sums(q, k, v, w, causal, key_padding_mask)
 
 
+def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *,
+              causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
+    """AFT-local(s): the bias `w` (`[T, T]`) where |t - t'| < window, 0 elsewhere.
+    O(T s d)."""
+    batch, length, _ = kernels.check_qkv(q, k, v)
+    check_tensor("w", w, (length, length), "[T, T]")
+    window = min(kernels.check_window(window), max(length, 1))
+    key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
+    qkv = torch.cat([q, k, v], dim=-1)
+    return _local_sums(qkv, band_of(w, window), window, causal, key_padding_mask)
+
+
+def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
+               key_padding_mask: Tensor | None = None) -> Tensor:
+    """AFT-simple (w = 0): sigmoid(Q_t) * sum_t' softmax_t'(K) V_t', a (prefix) sum.
+    O(T d)."""
+    batch, length, _ = kernels.check_qkv(q, k, v)
+    key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
+    no_bias = q.new_zeros(1, length, 1)  # a band of width 1 holding w_tt = 0
+    return _band_sums(q, k, v, no_bias, 1, causal, key_padding_mask)
+
+# %% ../notebooks/02_aft.ipynb #8b94ec40
 def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
     """AFT-conv's relative kernel `[h, s]` as band storage `[h, T, 2s - 1]`.
 
-    Causal: w_{t, t - j} = kernel[:, j] for j = 0 .. s-1. Bidirectional: the kernel is centred,
-    w_{t, t - j + (s - 1) // 2} = kernel[:, j].
+    Causal: w_{t, t - j} = kernel[:, j] for j = 0 .. s-1. Bidirectional: the kernel is
+    centred, w_{t, t - j + (s - 1) // 2} = kernel[:, j].
     """
     heads, window = kernel.shape
     centre = 0 if causal else (window - 1) // 2
@@ -168,31 +162,213 @@ def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
 
 def aft_conv(q: Tensor, k: Tensor, v: Tensor, kernel: Tensor, *, causal: bool = False,
              key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-conv(h, s): `k` is `[B, T, h]` (one key channel per head), q and v `[B, T, d]`, `kernel` `[h, s]`."""
-    batch, length, d = _check_qkv(q, k, v, key_channels="h")
+    """AFT-conv(h, s): `k` is `[B, T, h]` (one key channel per head), q and v
+    `[B, T, d]`, `kernel` `[h, s]`."""
+    batch, length, d = kernels.check_qkv(q, k, v, key_channels="h")
     heads = k.shape[-1]
     if d % heads:
-        raise ValueError(f"the channels of q and v (d={d}) must be divisible by the heads of k (h={heads})")
+        raise ValueError(f"the channels of q and v (d={d}) must be divisible by the "
+                         f"heads of k (h={heads})")
     check_tensor("kernel", kernel, (heads, None), "[h, s]")
-    window = _check_window(kernel.shape[1])
-    key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
+    window = kernels.check_window(kernel.shape[1])
+    key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
     # one key channel per group of d / h channels: a head's key shared by its channels
-    return band_kernel(q, k, v, conv_band(kernel, length, causal), window, causal, key_padding_mask)
+    band = conv_band(kernel, length, causal)
+    return _band_sums(q, k, v, band, window, causal, key_padding_mask)
+
+# %% ../notebooks/02_aft.ipynb #69e2950b
+class _AFTBase(nn.Module):
+    """The q/k/v/output projections shared by the AFT layers."""
+
+    def __init__(self, d_model: int, key_channels: int, causal: bool, bias: bool):
+        super().__init__()
+        if d_model < 1:
+            raise ValueError(f"d_model must be >= 1, got {d_model}")
+        self.d_model, self.causal = d_model, causal
+        self.to_q = nn.Linear(d_model, d_model, bias=bias)  # W_Q
+        self.to_k = nn.Linear(d_model, key_channels, bias=bias)  # W_K
+        self.to_v = nn.Linear(d_model, d_model, bias=bias)  # W_V
+        self.out = nn.Linear(d_model, d_model, bias=bias)  # W_O
+
+    def _project_qkv(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
+        """[Q | K | V] `[B, T, 2 d + key channels]`: W_Q, W_K, W_V as one matmul, and
+        one gradient tensor."""
+        check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
+        kernels.check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
+        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
+        bias = None
+        if self.to_q.bias is not None:
+            bias = torch.cat([self.to_q.bias, self.to_k.bias, self.to_v.bias])
+        return F.linear(x, weight, bias)
+
+    def _project(self, x: Tensor, key_padding_mask: Tensor | None) -> list[Tensor]:
+        qkv = self._project_qkv(x, key_padding_mask)
+        return qkv.split([self.d_model, self.to_k.out_features, self.d_model], dim=-1)
+
+    def new_state(self) -> AFTState:
+        """An empty decoding state for `step`."""
+        return AFTState(window=self._state_window())
+
+    def step(self, x: Tensor, state: AFTState) -> Tensor:
+        """Decode one token: `x` is `[B, d_model]`, the newest position; returns
+        `[B, d_model]`."""
+        if not self.causal:
+            raise ValueError("step needs a causal layer (causal=True): a bidirectional "
+                             "one sees the future")
+        check_tensor("x", x, (None, self.d_model), "[B, d_model]")
+        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
+        bias, k = self._step_bias(state.position, k)
+        return self.out(aft_step(state, q, k, v, bias).to(x.dtype))
 
 
-def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
-               key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-simple (w = 0): sigmoid(Q_t) * sum_t' softmax_t'(K) V_t', a (prefix) sum. O(T d)."""
-    batch, length, _ = _check_qkv(q, k, v)
-    key_padding_mask = check_key_padding_mask(key_padding_mask, batch, length)
-    no_bias = q.new_zeros(1, length, 1)  # a band of width 1 holding w_tt = 0
-    return band_kernel(q, k, v, no_bias, 1, causal, key_padding_mask)
+def _too_long(name: str, max_len: int, length: int) -> ValueError:
+    return ValueError(f"{name} was built for max_len={max_len} positions (its biases w "
+                      f"are absolute), got T={length}; AFT-simple and AFT-conv have no "
+                      "such limit")
+
+# %% ../notebooks/02_aft.ipynb #38476aa3
+class AFTSimple(_AFTBase):
+    """AFT-simple (w = 0): Y = sigmoid(Q) * softmax-over-time(K)-weighted sum of V.
+    O(T d) mixing, any length."""
+
+    def __init__(self, d_model: int, causal: bool = True, bias: bool = True):
+        super().__init__(d_model, d_model, causal, bias)
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        q, k, v = self._project(x, key_padding_mask)
+        mixed = aft_simple(q, k, v, causal=self.causal,
+                           key_padding_mask=key_padding_mask)
+        return self.out(mixed)
+
+    def _state_window(self) -> int:
+        return 1
+
+    def _step_bias(self, position: int, k: Tensor):
+        return None, k
+
+# %% ../notebooks/02_aft.ipynb #34324ffa
+class AFTFull(_AFTBase):
+    """AFT-full with pair-wise biases w, factorised w = U W^T (`factor_dim`, the paper's
+    default) or dense (`factor_dim=None`). Positions are absolute: at most `max_len`
+    tokens."""
+
+    def __init__(self, d_model: int, max_len: int, causal: bool = True,
+                 factor_dim: int | None = 128, bias: bool = True):
+        super().__init__(d_model, d_model, causal, bias)
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.max_len, self.factor_dim = max_len, factor_dim
+        if factor_dim is None:
+            self.w = nn.Parameter(torch.zeros(max_len, max_len))
+        else:
+            if factor_dim < 1:
+                raise ValueError("factor_dim must be >= 1 or None (dense w), "
+                                 f"got {factor_dim}")
+            # w = U W^T, U in `u` and W in `v` (the names saved checkpoints hold);
+            # a small normal init, as in the paper, starts w near 0 (near AFT-simple)
+            self.u = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
+            self.v = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
+
+    def bias_matrix(self, length: int) -> Tensor:
+        """The `[T, T]` biases w for the first `length` positions."""
+        if length > self.max_len:
+            raise _too_long("AFTFull", self.max_len, length)
+        if self.factor_dim is None:
+            return self.w[:length, :length]
+        return self.u[:length] @ self.v[:length].T  # U W^T
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        w = self.bias_matrix(x.shape[1] if x.ndim == 3 else 0)
+        q, k, v = self._project(x, key_padding_mask)
+        mixed = aft_full(q, k, v, w, causal=self.causal,
+                         key_padding_mask=key_padding_mask)
+        return self.out(mixed)
+
+    def _state_window(self) -> int:
+        return self.max_len  # AFT-full keeps every key: O(T d) per token
+
+    def _step_bias(self, position: int, k: Tensor):
+        w = self.bias_matrix(position + 1)[position, : position + 1]
+        return w.flip(0)[None], k  # w_{t, t - j}
+
+# %% ../notebooks/02_aft.ipynb #a742e34e
+class AFTLocal(_AFTBase):
+    """AFT-local(s): learned biases w_{t,t'} for |t - t'| < window (0 outside), stored
+    as the band `[max_len, 2 window - 1]`. O(T s d) mixing. Positions are absolute: at
+    most `max_len` tokens."""
+
+    def __init__(self, d_model: int, max_len: int, window: int, causal: bool = True,
+                 bias: bool = True):
+        super().__init__(d_model, d_model, causal, bias)
+        if max_len < 1:
+            raise ValueError(f"max_len must be >= 1, got {max_len}")
+        self.max_len, self.window = max_len, kernels.check_window(window)
+        # band[t, delta + s - 1] = w_{t, t+delta}
+        self.band = nn.Parameter(torch.zeros(max_len, 2 * window - 1))
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        length = x.shape[1] if x.ndim == 3 else 0
+        if length > self.max_len:
+            raise _too_long("AFTLocal", self.max_len, length)
+        qkv = self._project_qkv(x, key_padding_mask)
+        band = self.band[:length]
+        mixed = _local_sums(qkv, band, self.window, self.causal, key_padding_mask)
+        return self.out(mixed)
+
+    def _state_window(self) -> int:
+        return self.window
+
+    def _step_bias(self, position: int, k: Tensor):
+        if position >= self.max_len:
+            raise _too_long("AFTLocal", self.max_len, position + 1)
+        n = min(self.window, position + 1)
+        # w_{t, t - j} for j < n
+        return self.band[position, self.window - n: self.window].flip(0)[None], k
+
+# %% ../notebooks/02_aft.ipynb #a26f328e
+class AFTConv(_AFTBase):
+    """AFT-conv(h, s): one key channel per head and a relative kernel `[h, s]` shared by
+    a head's channels, re-parameterised as gamma (w - mean) / std + beta with
+    gamma = beta = 0 at init (a fresh layer is AFT-simple). Relative: it runs at any
+    length."""
+
+    def __init__(self, d_model: int, n_heads: int, window: int, causal: bool = True,
+                 bias: bool = True):
+        if n_heads < 1 or d_model % n_heads:
+            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads "
+                             f"({n_heads} >= 1)")
+        super().__init__(d_model, n_heads, causal, bias)
+        self.n_heads, self.window = n_heads, kernels.check_window(window)
+        self.kernel = nn.Parameter(torch.randn(n_heads, window) * 0.02)
+        self.gamma = nn.Parameter(torch.zeros(n_heads, 1))
+        self.beta = nn.Parameter(torch.zeros(n_heads, 1))
+
+    def effective_kernel(self) -> Tensor:
+        """w^i = gamma^i (w^i - mean) / std + beta^i, `[h, s]`."""
+        mean = self.kernel.mean(-1, keepdim=True)
+        std = self.kernel.std(-1, keepdim=True, unbiased=False)
+        return self.gamma * (self.kernel - mean) / (std + 1e-5) + self.beta
+
+    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
+        q, k, v = self._project(x, key_padding_mask)
+        mixed = aft_conv(q, k, v, self.effective_kernel(), causal=self.causal,
+                         key_padding_mask=key_padding_mask)
+        return self.out(mixed)
+
+    def _state_window(self) -> int:
+        return self.window
+
+    def _step_bias(self, position: int, k: Tensor):
+        n = min(self.window, position + 1)
+        keys = k.repeat_interleave(self.d_model // self.n_heads, dim=-1)  # [B, d]
+        return self.effective_kernel()[:, :n], keys
 
 # %% ../notebooks/02_aft.ipynb #d81dd385
 @dataclass
 class AFTState:
-    """What recurrent decoding keeps: running sums over every key so far (shifted by their running
-    max), and the last `window` keys and values for the band. O(window d) memory."""
+    """What recurrent decoding keeps: running sums over every key so far (shifted by
+    their running max), and the last `window` keys and values for the band. O(window d)
+    memory."""
 
     window: int
     position: int = 0
@@ -202,15 +378,18 @@ class AFTState:
     keys: Tensor | None = None  # [B, <= window, d], the newest last
     values: Tensor | None = None
 
+# %% ../notebooks/02_aft.ipynb #0a1126b5
+def aft_step(state: AFTState, q: Tensor, k: Tensor, v: Tensor,
+             bias: Tensor | None = None) -> Tensor:
+    """One causal decoding step on `[B, d]` projections of the newest token; updates
+    `state`.
 
-def aft_step(state: AFTState, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | None = None) -> Tensor:
-    """One causal decoding step on `[B, d]` projections of the newest token; updates `state`.
-
-    `bias` is `[G, n]` with bias[:, j] = w_{t, t - j} for j = 0 .. n - 1 <= window - 1 (channel c
-    uses group c // (d / G)), None for AFT-simple. Uses the identity of the parallel form:
+    `bias` is `[G, n]` with bias[:, j] = w_{t, t - j} for j = 0 .. n - 1 <= window - 1
+    (channel c uses group c // (d / G)), None for AFT-simple. Uses the identity of the
+    fast form:
     num_t = sum_{t' <= t} a_t' + sum_j expm1(w_{t, t-j}) a_{t-j}, O(window d) per token.
     """
-    acc = accumulation_dtype(q.dtype)
+    acc = kernels.accumulation_dtype(q.dtype)  # float32 or float64 sums
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
     if state.shift is None:
         state.shift, state.num, state.den = k, torch.zeros_like(v), torch.zeros_like(k)
@@ -228,171 +407,11 @@ def aft_step(state: AFTState, q: Tensor, k: Tensor, v: Tensor, bias: Tensor | No
     num, den = state.num, state.den
     if bias is not None:
         n = bias.shape[1]
-        recent = torch.exp(state.keys.flip(1)[:, :n] - new_shift[:, None])  # [B, n, d], j = 0 is now
-        factor = torch.expm1(bias.to(acc)).repeat_interleave(q.shape[-1] // bias.shape[0], dim=0).T  # [n, d]
-        num = num + (factor[: recent.shape[1]] * recent * state.values.flip(1)[:, :n]).sum(1)
-        den = den + (factor[: recent.shape[1]] * recent).sum(1)
+        # e^{K_{t-j} - c_t} for j = 0 .. n - 1: [B, n, d]
+        recent = torch.exp(state.keys.flip(1)[:, :n] - new_shift[:, None])
+        groups = q.shape[-1] // bias.shape[0]
+        factor = torch.expm1(bias.to(acc)).repeat_interleave(groups, dim=0).T  # [n, d]
+        factor = factor[: recent.shape[1]]
+        num = num + (factor * recent * state.values.flip(1)[:, :n]).sum(1)
+        den = den + (factor * recent).sum(1)
     return torch.sigmoid(q) * num / den
-
-# %% ../notebooks/02_aft.ipynb #ddc08581
-def _too_long(name: str, max_len: int, length: int) -> ValueError:
-    return ValueError(f"{name} was built for max_len={max_len} positions (its biases w are absolute), got T={length}; "
-                      f"AFT-simple and AFT-conv have no such limit")
-
-
-class _AFTBase(nn.Module):
-    """The q/k/v/output projections shared by the AFT layers."""
-
-    def __init__(self, d_model: int, key_channels: int, causal: bool, bias: bool):
-        super().__init__()
-        if d_model < 1:
-            raise ValueError(f"d_model must be >= 1, got {d_model}")
-        self.d_model, self.causal = d_model, causal
-        self.to_q = nn.Linear(d_model, d_model, bias=bias)  # W_Q
-        self.to_k = nn.Linear(d_model, key_channels, bias=bias)  # W_K
-        self.to_v = nn.Linear(d_model, d_model, bias=bias)  # W_V
-        self.out = nn.Linear(d_model, d_model, bias=bias)  # W_O
-
-    def _project_qkv(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """[Q | K | V] `[B, T, 2 d + key channels]`: W_Q, W_K, W_V as one matmul, and one gradient tensor."""
-        check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
-        check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
-        weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
-        bias = None if self.to_q.bias is None else torch.cat([self.to_q.bias, self.to_k.bias, self.to_v.bias])
-        return F.linear(x, weight, bias)
-
-    def _project(self, x: Tensor, key_padding_mask: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
-        qkv = self._project_qkv(x, key_padding_mask)
-        return qkv.split([self.d_model, self.to_k.out_features, self.d_model], dim=-1)
-
-    def new_state(self) -> AFTState:
-        """An empty decoding state for `step`."""
-        return AFTState(window=self._state_window())
-
-    def step(self, x: Tensor, state: AFTState) -> Tensor:
-        """Decode one token: `x` is `[B, d_model]`, the newest position; returns `[B, d_model]`."""
-        if not self.causal:
-            raise ValueError("step needs a causal layer (causal=True): a bidirectional one sees the future")
-        check_tensor("x", x, (None, self.d_model), "[B, d_model]")
-        q, k, v = self.to_q(x), self.to_k(x), self.to_v(x)
-        bias, k = self._step_bias(state.position, k)
-        return self.out(aft_step(state, q, k, v, bias).to(x.dtype))
-
-
-class AFTSimple(_AFTBase):
-    """AFT-simple (w = 0): Y = sigmoid(Q) * softmax-over-time(K)-weighted sum of V. O(T d), any length."""
-
-    def __init__(self, d_model: int, causal: bool = True, bias: bool = True):
-        super().__init__(d_model, d_model, causal, bias)
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        q, k, v = self._project(x, key_padding_mask)
-        return self.out(aft_simple(q, k, v, causal=self.causal, key_padding_mask=key_padding_mask))
-
-    def _state_window(self) -> int:
-        return 1
-
-    def _step_bias(self, position: int, k: Tensor):
-        return None, k
-
-
-class AFTFull(_AFTBase):
-    """AFT-full with pair-wise biases w, factorised w = U V^T (`factor_dim`, the paper's default) or
-    dense (`factor_dim=None`). Positions are absolute: at most `max_len` tokens."""
-
-    def __init__(self, d_model: int, max_len: int, causal: bool = True, factor_dim: int | None = 128,
-                 bias: bool = True):
-        super().__init__(d_model, d_model, causal, bias)
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        self.max_len, self.factor_dim = max_len, factor_dim
-        if factor_dim is None:
-            self.w = nn.Parameter(torch.zeros(max_len, max_len))
-        else:
-            if factor_dim < 1:
-                raise ValueError(f"factor_dim must be >= 1 or None (dense w), got {factor_dim}")
-            # Small normal init, as in the paper: w = U V^T starts near 0 (near AFT-simple).
-            self.u = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
-            self.v = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
-
-    def bias_matrix(self, length: int) -> Tensor:
-        """The `[T, T]` biases w for the first `length` positions."""
-        if length > self.max_len:
-            raise _too_long("AFTFull", self.max_len, length)
-        if self.factor_dim is None:
-            return self.w[:length, :length]
-        return self.u[:length] @ self.v[:length].T
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        w = self.bias_matrix(x.shape[1] if x.ndim == 3 else 0)
-        q, k, v = self._project(x, key_padding_mask)
-        return self.out(aft_full(q, k, v, w, causal=self.causal, key_padding_mask=key_padding_mask))
-
-    def _state_window(self) -> int:
-        return self.max_len  # AFT-full keeps every key: O(T d) per token
-
-    def _step_bias(self, position: int, k: Tensor):
-        w = self.bias_matrix(position + 1)[position, : position + 1].flip(0)  # w_{t, t - j}
-        return w[None], k
-
-
-class AFTLocal(_AFTBase):
-    """AFT-local(s): learned biases w_{t,t'} for |t - t'| < window (0 outside), stored as the band
-    `[max_len, 2 window - 1]`. O(T s d). Positions are absolute: at most `max_len` tokens."""
-
-    def __init__(self, d_model: int, max_len: int, window: int, causal: bool = True, bias: bool = True):
-        super().__init__(d_model, d_model, causal, bias)
-        if max_len < 1:
-            raise ValueError(f"max_len must be >= 1, got {max_len}")
-        self.max_len, self.window = max_len, _check_window(window)
-        self.band = nn.Parameter(torch.zeros(max_len, 2 * window - 1))  # band[t, delta + s - 1] = w_{t, t+delta}
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        length = x.shape[1] if x.ndim == 3 else 0
-        if length > self.max_len:
-            raise _too_long("AFTLocal", self.max_len, length)
-        qkv = self._project_qkv(x, key_padding_mask)
-        return self.out(aft_local_kernel(qkv, self.band[:length], self.window, self.causal, key_padding_mask))
-
-    def _state_window(self) -> int:
-        return self.window
-
-    def _step_bias(self, position: int, k: Tensor):
-        if position >= self.max_len:
-            raise _too_long("AFTLocal", self.max_len, position + 1)
-        n = min(self.window, position + 1)
-        return self.band[position, self.window - n: self.window].flip(0)[None], k  # w_{t, t - j}, j < n
-
-
-class AFTConv(_AFTBase):
-    """AFT-conv(h, s): one key channel per head and a relative kernel `[h, s]` shared by a head's
-    channels, re-parameterised as gamma (w - mean) / std + beta with gamma = beta = 0 at init
-    (a fresh layer is AFT-simple). Relative, so it runs at any length."""
-
-    def __init__(self, d_model: int, n_heads: int, window: int, causal: bool = True, bias: bool = True):
-        if n_heads < 1 or d_model % n_heads:
-            raise ValueError(f"d_model ({d_model}) must be divisible by n_heads ({n_heads} >= 1)")
-        super().__init__(d_model, n_heads, causal, bias)
-        self.n_heads, self.window = n_heads, _check_window(window)
-        self.kernel = nn.Parameter(torch.randn(n_heads, window) * 0.02)
-        self.gamma = nn.Parameter(torch.zeros(n_heads, 1))
-        self.beta = nn.Parameter(torch.zeros(n_heads, 1))
-
-    def effective_kernel(self) -> Tensor:
-        """w^i = gamma^i (w^i - mean) / std + beta^i, `[h, s]`."""
-        mean = self.kernel.mean(-1, keepdim=True)
-        std = self.kernel.std(-1, keepdim=True, unbiased=False)
-        return self.gamma * (self.kernel - mean) / (std + 1e-5) + self.beta
-
-    def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
-        q, k, v = self._project(x, key_padding_mask)
-        return self.out(aft_conv(q, k, v, self.effective_kernel(), causal=self.causal,
-                                 key_padding_mask=key_padding_mask))
-
-    def _state_window(self) -> int:
-        return self.window
-
-    def _step_bias(self, position: int, k: Tensor):
-        n = min(self.window, position + 1)
-        keys = k.repeat_interleave(self.d_model // self.n_heads, dim=-1)  # [B, d]
-        return self.effective_kernel()[:, :n], keys

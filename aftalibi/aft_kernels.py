@@ -14,11 +14,14 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+from .attention import check_tensor
+
 # %% auto #0
 __all__ = ['AFT_KERNELS', 'SHIFT_HEADROOM', 'default_aft_kernel', 'aft_kernel', 'selected_aft_kernel', 'accumulation_dtype',
-           'outside_autocast', 'skew', 'unskew', 'band_entries', 'crop_band', 'far_keys', 'row_shifts', 'decayed_carry',
-           'monotone_shift', 'key_shifts', 'to_blocks', 'from_blocks', 'later_blocks', 'ratio', 'band_matrices',
-           'chunked_band', 'recompute_in_backward', 'aft_local_chunked', 'band_kernel', 'aft_local_kernel']
+           'outside_autocast', 'check_key_padding_mask', 'check_qkv', 'check_window', 'skew', 'unskew', 'band_entries',
+           'crop_band', 'far_keys', 'row_shifts', 'decayed_carry', 'monotone_shift', 'key_shifts', 'to_blocks',
+           'from_blocks', 'later_blocks', 'ratio', 'band_matrices', 'chunked_band', 'recompute_in_backward',
+           'aft_local_chunked', 'chunked_full']
 
 # %% ../notebooks/08_aft_kernels.ipynb #71e5b8c0
 AFT_KERNELS = ("cpu-chunked", "gpu-chunked", "triton")
@@ -26,21 +29,28 @@ _forced_kernel: str | None = None  # set by `aft_kernel`, None: each device's de
 
 
 def default_aft_kernel(device: torch.device | str) -> str:
-    """The implementation AFT ops use on `device` unless `aft_kernel` forces one: the hand-written
-    chunked AFT-local on CPUs (the fastest there), the loop-free blockwise form elsewhere. (`triton`
-    becomes a GPU's default once a GPU has measured it faster: `benchmarks/gpu.py` times both.)"""
+    """The implementation AFT ops use on `device` unless `aft_kernel` forces one: the
+    hand-written chunked AFT-local on CPUs (the fastest there), the loop-free blockwise
+    form elsewhere. (`triton` becomes a GPU's default once a GPU has measured it faster:
+    `benchmarks/gpu.py` times both.)"""
     return "cpu-chunked" if torch.device(device).type == "cpu" else "gpu-chunked"
 
 
 @contextlib.contextmanager
 def aft_kernel(name: str):
-    """Force one AFT implementation (a name in `AFT_KERNELS`) for every AFT op and layer inside the
-    block, on any device, as `torch.nn.attention.sdpa_kernel` does for attention."""
+    """Force one AFT implementation (a name in `AFT_KERNELS`) for every AFT op and layer
+    inside the block, on any device, as `torch.nn.attention.sdpa_kernel` does for
+    attention."""
     global _forced_kernel
     if name not in AFT_KERNELS:
-        raise ValueError(f"unknown AFT kernel {name!r}; the kernels are {', '.join(AFT_KERNELS)}")
+        raise ValueError(
+            f"unknown AFT kernel {name!r}; the kernels are {', '.join(AFT_KERNELS)}"
+        )
     if name == "triton" and importlib.util.find_spec("triton") is None:
-        raise ValueError("the AFT kernel 'triton' needs Triton, which is not installed: pip install triton")
+        raise ValueError(
+            "the AFT kernel 'triton' needs Triton, which is not installed: "
+            "pip install triton"
+        )
     previous, _forced_kernel = _forced_kernel, name
     try:
         yield
@@ -49,20 +59,23 @@ def aft_kernel(name: str):
 
 
 def selected_aft_kernel(device: torch.device | str) -> str:
-    """The kernel an AFT op on `device` runs now: the forced one, else the device's default."""
+    """The kernel an AFT op on `device` runs now: the forced one, else the device's
+    default."""
     return _forced_kernel or default_aft_kernel(device)
 
 # %% ../notebooks/08_aft_kernels.ipynb #ca8d398f
 def accumulation_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float64 stays float64 (e^709 of head-room); float32, bf16 and fp16 accumulate in float32."""
+    """float64 stays float64 (e^709 of head-room); float32, bf16 and fp16 accumulate in
+    float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def outside_autocast(function):
     """Run `function` with autocast off on the device of its first tensor argument.
 
-    The mixing accumulates in float32 whatever the dtype of its inputs (`accumulation_dtype`);
-    inside an autocast region its matmuls would be cast back to bf16 and lose that precision.
+    The mixing accumulates in float32 whatever the dtype of its inputs
+    (`accumulation_dtype`); inside an autocast region its matmuls would be cast back to
+    bf16 and lose that precision.
     """
     @functools.wraps(function)
     def without_autocast(*args, **kwargs):
@@ -71,9 +84,47 @@ def outside_autocast(function):
             return function(*args, **kwargs)
     return without_autocast
 
+# %% ../notebooks/08_aft_kernels.ipynb #16c40925
+def check_key_padding_mask(key_padding_mask, batch: int, length: int):
+    """Validate a `[B, T]` bool mask (True = padding, as in nn.MultiheadAttention);
+    None passes."""
+    if key_padding_mask is None:
+        return None
+    check_tensor("key_padding_mask", key_padding_mask, (batch, length), "[B, T]",
+                 floating=False)
+    if key_padding_mask.dtype != torch.bool:
+        raise TypeError("key_padding_mask must be a bool tensor (True = padding), "
+                        f"got dtype {key_padding_mask.dtype}")
+    return key_padding_mask
+
+
+def check_qkv(q, k, v, key_channels: str = "d") -> tuple[int, int, int]:
+    """Validate AFT's projections q, k, v `[B, T, d]` (k `[B, T, h]` for
+    `key_channels="h"`, one key channel per head); returns B, T and d."""
+    check_tensor("q", q, (None, None, None), "[B, T, d]")
+    batch, length, d = q.shape
+    check_tensor("v", v, (batch, length, d), "[B, T, d]")
+    if key_channels == "d":
+        check_tensor("k", k, (batch, length, d), "[B, T, d]")
+    else:
+        check_tensor("k", k, (batch, length, None), "[B, T, h]")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(
+            f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}"
+        )
+    return batch, length, d
+
+
+def check_window(window) -> int:
+    """Validate AFT-local's and AFT-conv's window s: an int >= 1."""
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise ValueError(f"window must be an int >= 1, got {window!r}")
+    return window
+
 # %% ../notebooks/08_aft_kernels.ipynb #18c7ecd6
 def skew(band: Tensor) -> Tensor:
-    """`[..., L, W]` -> `[..., L, L + W - 1]` with out[..., i, i + c] = band[..., i, c], zeros elsewhere."""
+    """`[..., L, W]` -> `[..., L, L + W - 1]` with out[..., i, i + c] = band[..., i, c],
+    zeros elsewhere."""
     *lead, rows, width = band.shape
     padded = F.pad(band, (0, rows))  # [..., L, L + W]
     flat = padded.flatten(-2)[..., : rows * (rows + width - 1)]
@@ -81,68 +132,84 @@ def skew(band: Tensor) -> Tensor:
 
 
 def unskew(matrix: Tensor, width: int) -> Tensor:
-    """The inverse of `skew`: `[..., L, L + W - 1]` -> `[..., L, W]`, out[..., i, c] = matrix[..., i, i + c]."""
+    """The inverse of `skew`: `[..., L, L + W - 1]` -> `[..., L, W]`, out[..., i, c] =
+    matrix[..., i, i + c]."""
     *lead, rows, columns = matrix.shape
     flat = F.pad(matrix.flatten(-2), (0, rows))  # L (L + W - 1) + L = L (L + W) entries
     return flat.view(*lead, rows, columns + 1)[..., :width]
 
 
-def band_entries(n_blocks: int, block: int, window: int, length: int, causal: bool, device) -> Tensor:
-    """Which entries of the band storage, cut into blocks `[n, L, 2s - 1]`, are real pairs (t, t + delta):
-    both positions inside the sequence and, causal, the key not after the query."""
+def band_entries(
+    n_blocks: int, block: int, window: int, length: int, causal: bool, device
+) -> Tensor:
+    """Which entries of the band storage, cut into blocks `[n, L, 2s - 1]`, are real
+    pairs (t, t + delta): both positions inside the sequence and, causal, the key not
+    after the query."""
     offset = torch.arange(-(window - 1), window, device=device)  # delta = t' - t
-    query_position = torch.arange(n_blocks * block, device=device).view(n_blocks, block, 1)
+    query_position = torch.arange(n_blocks * block, device=device).view(
+        n_blocks, block, 1
+    )
     key_position = query_position + offset  # [n, L, 2s - 1]
     valid = (key_position >= 0) & (key_position < length) & (query_position < length)
     return valid & (offset <= 0) if causal else valid
 
 
 def crop_band(band: Tensor, window: int, length: int) -> tuple[Tensor, int]:
-    """A window wider than the sequence reaches no further than |delta| < T: crop the band storage."""
+    """A window wider than the sequence reaches no further than |delta| < T: crop the
+    band storage."""
     if window <= length:
         return band, window
     return band[..., window - length: window + length - 1], length
 
 
 def far_keys(positions: Tensor, window: int, length: int, causal: bool) -> Tensor:
-    """Whether each query position has keys outside its window (|t - t'| >= s) inside the sequence."""
+    """Whether each query position has keys outside its window (|t - t'| >= s) inside
+    the sequence."""
     before = positions >= window
     return before if causal else before | (positions + window <= length - 1)
 
 
 def row_shifts(band: Tensor, valid: Tensor, far: bool | Tensor) -> Tensor:
-    """The row shift r_t = max_t' w_tt' over the real pairs of each query, and at least 0 for a query
-    with keys outside the window (`far`, per query `[..., L, 1]` or for all), which count with bias 0:
-    so that neither e^{w - r} nor e^{0 - r} overflows. `[..., L, 1]`."""
+    """The row shift r_t = max_t' w_tt' over the real pairs of each query, and at least
+    0 for a query with keys outside the window (`far`, per query `[..., L, 1]` or for
+    all), which count with bias 0: so that neither e^{w - r} nor e^{0 - r} overflows.
+    `[..., L, 1]`."""
     with torch.no_grad():
         shift = band.masked_fill(~valid, float("-inf")).amax(dim=-1, keepdim=True)
         shift = torch.where(shift.isfinite(), shift, torch.zeros_like(shift))
-        return torch.where(torch.as_tensor(far, device=shift.device), shift.clamp_min(0.0), shift)
+        return torch.where(
+            torch.as_tensor(far, device=shift.device), shift.clamp_min(0.0), shift
+        )
 
 # %% ../notebooks/08_aft_kernels.ipynb #3122b300
 def _decayed_prefix(x: Tensor, shift: Tensor, lag: int, dim: int) -> Tensor:
-    """out_j = sum_{i <= j - lag} x_i exp(shift_i - shift_j) along `dim`, for `shift` non-decreasing.
+    """out_j = sum_{i <= j - lag} x_i exp(shift_i - shift_j) along `dim`, for `shift`
+    non-decreasing.
 
-    Each term is at most |x_i| (shift_i <= shift_j), but exp(shift_i) alone may overflow and
-    exp(-shift_j) underflow, so the sum runs in log space: x split into its positive and negative
-    parts, each a `logcumsumexp` of log x_i + shift_i. No loop, no overflow, O(n) work. In float64:
-    float32 keeps only 3 decimals of a shift near 1e4, an error of 1e-3 in every e^{shift}; the
-    block totals are a 1/L-th of the data, so float64 costs little.
+    Each term is at most |x_i| (shift_i <= shift_j), but exp(shift_i) alone may overflow
+    and exp(-shift_j) underflow, so the sum runs in log space: x split into its positive
+    and negative parts, each a `logcumsumexp` of log x_i + shift_i. No loop, no
+    overflow, O(n) work. In float64: float32 keeps only 3 decimals of a shift near 1e4,
+    an error of 1e-3 in every e^{shift}; the block totals are a 1/L-th of the data, so
+    float64 costs little.
     """
     out = torch.zeros_like(x)
     shift = shift.double()
     for sign, part in ((1.0, x.clamp_min(0.0)), (-1.0, (-x).clamp_min(0.0))):
-        running = torch.logcumsumexp(part.double().log() + shift, dim=dim)  # log sum_{i <= j} part_i e^{shift_i}
+        # log sum_{i <= j} part_i e^{shift_i}
+        running = torch.logcumsumexp(part.double().log() + shift, dim=dim)
         pad = [0, 0] * (x.ndim - 1 - dim % x.ndim) + [lag, 0]
-        # block j takes the running sum up to block j - lag; the first `lag` blocks carry nothing
+        # block j takes the running sum up to block j - lag; the first `lag` blocks
+        # carry nothing
         running = F.pad(running, pad, value=float("-inf")).narrow(dim, 0, x.shape[dim])
         out = out + sign * torch.exp(running - shift).to(x.dtype)
     return out
 
 
 def _decayed_prefix_loop(x: Tensor, shift: Tensor, lag: int, dim: int) -> Tensor:
-    """`_decayed_prefix` as the recurrence S_j = S_{j-1} e^{shift_{j-1} - shift_j} + x_j, one step per
-    block: every factor is at most 1, so the dtype of x suffices. For the CPU path (few blocks)."""
+    """`_decayed_prefix` as the recurrence S_j = S_{j-1} e^{shift_{j-1} - shift_j} +
+    x_j, one step per block: every factor is at most 1, so the dtype of x suffices. For
+    the CPU path (few blocks)."""
     x, shift = x.movedim(dim, 0), shift.movedim(dim, 0)
     factors = torch.exp(shift[:-1] - shift[1:]).to(x.dtype)  # e^{c_{j-1} - c_j} <= 1
     running = torch.empty_like(x)  # S_j = sum_{i <= j} x_i e^{c_i - c_j}
@@ -155,11 +222,19 @@ def _decayed_prefix_loop(x: Tensor, shift: Tensor, lag: int, dim: int) -> Tensor
     return out.movedim(0, dim)
 
 
-def decayed_carry(x: Tensor, shift: Tensor, lag: int, dim: int, reverse: bool = False, loop: bool = False) -> Tensor:
+def decayed_carry(
+    x: Tensor,
+    shift: Tensor,
+    lag: int,
+    dim: int,
+    reverse: bool = False,
+    loop: bool = False,
+) -> Tensor:
     """The running totals of earlier blocks carried to block j, rescaled to its shift:
-    sum_{i <= j - lag} x_i e^{shift_i - shift_j}; `reverse`: sum_{i >= j + lag} x_i e^{shift_j - shift_i},
-    the transposed map (what the backward pass carries from the last block backwards). `loop`: as a
-    recurrence over the blocks (the CPU path) instead of the loop-free scan in log space."""
+    sum_{i <= j - lag} x_i e^{shift_i - shift_j}; `reverse`: sum_{i >= j + lag} x_i
+    e^{shift_j - shift_i}, the transposed map (what the backward pass carries from the
+    last block backwards). `loop`: as a recurrence over the blocks (the CPU path)
+    instead of the loop-free scan in log space."""
     prefix = _decayed_prefix_loop if loop else _decayed_prefix
     if reverse:
         return prefix(x.flip(dim), -shift.flip(dim), lag, dim).flip(dim)
@@ -167,8 +242,9 @@ def decayed_carry(x: Tensor, shift: Tensor, lag: int, dim: int, reverse: bool = 
 
 
 class _DecayedCarry(torch.autograd.Function):
-    """`decayed_carry` with autograd: linear in x (the shifts are constants), so its backward pass
-    is the reverse carry of the gradient. (Autograd through log 0 would give NaN.)"""
+    """`decayed_carry` with autograd: linear in x (the shifts are constants), so its
+    backward pass is the reverse carry of the gradient. (Autograd through log 0 would
+    give NaN.)"""
 
     @staticmethod
     def forward(ctx, x, shift, lag, dim):
@@ -179,35 +255,51 @@ class _DecayedCarry(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         (shift,) = ctx.saved_tensors
-        return decayed_carry(grad, shift, ctx.lag, ctx.dim, reverse=True), None, None, None
+        return (
+            decayed_carry(grad, shift, ctx.lag, ctx.dim, reverse=True),
+            None,
+            None,
+            None,
+        )
 
 
 def monotone_shift(shift: Tensor, dim: int) -> Tensor:
-    """Running maxima along `dim` with -inf (no key yet: all padding) replaced by the first finite
-    value, so the shifts never fall and every rescale factor e^{c_i - c_j}, i < j, is at most 1."""
-    first_finite = shift.masked_fill(~shift.isfinite(), float("inf")).amin(dim=dim, keepdim=True)
-    first_finite = torch.where(first_finite.isfinite(), first_finite, torch.zeros_like(first_finite))
+    """Running maxima along `dim` with -inf (no key yet: all padding) replaced by the
+    first finite value, so the shifts never fall and every rescale factor e^{c_i - c_j},
+    i < j, is at most 1."""
+    first_finite = shift.masked_fill(~shift.isfinite(), float("inf")).amin(
+        dim=dim, keepdim=True
+    )
+    first_finite = torch.where(
+        first_finite.isfinite(), first_finite, torch.zeros_like(first_finite)
+    )
     return torch.where(shift.isfinite(), shift, first_finite)
 
 # %% ../notebooks/08_aft_kernels.ipynb #e3c2c79f
-# The most a key may exceed its block's shift on the CPU path: exp(60) times T terms stays far below
-# float32's e^88 (a larger rise switches that call to float64), and exp(600) below float64's e^709.
+# The most a key may exceed its block's shift on the CPU path: exp(60) times T terms
+# stays far below float32's e^88 (a larger rise switches that call to float64), and
+# exp(600) below float64's e^709.
 SHIFT_HEADROOM = {torch.float32: 60.0, torch.float64: 600.0}
 
 
-def key_shifts(keys: Tensor, block: int, causal: bool, acc: torch.dtype, from_the_past: bool) -> tuple[Tensor, float]:
-    """The key shift c `[B, n, k]` of each block of L positions, from keys `[B, T, k]` (-inf at padding),
-    and the largest rise of a key above its block's shift (0 unless `from_the_past`).
+def key_shifts(
+    keys: Tensor, block: int, causal: bool, acc: torch.dtype, from_the_past: bool
+) -> tuple[Tensor, float]:
+    """The key shift c `[B, n, k]` of each block of L positions, from keys `[B, T, k]`
+    (-inf at padding), and the largest rise of a key above its block's shift (0 unless
+    `from_the_past`).
 
     Bidirectional: one max over all keys. Causal, two rules:
 
-    - `from_the_past` (the CPU path): c_j is the running max at the first position of block j, so
-      no future key changes an earlier output, not even its rounding; a key may rise above c_j, and
-      the caller, told the largest rise (a host sync), recomputes in float64 past e^60.
-    - otherwise (the GPU path): c_j is the running max at the last position of block j, so
-      e^{K - c} <= 1 for every key of the block and no sync is needed; a later key of the same block
-      can change an earlier output's rounding, and one more than about 80 (float32) or 700
-      (float64) above every earlier key of its block underflows the queries before it.
+    - `from_the_past` (the CPU path): c_j is the running max at the first position of
+      block j, so no future key changes an earlier output, not even its rounding; a key
+      may rise above c_j, and the caller, told the largest rise (a host sync),
+      recomputes in float64 past e^60.
+    - otherwise (the GPU path): c_j is the running max at the last position of block j,
+      so e^{K - c} <= 1 for every key of the block and no sync is needed; a later key of
+      the same block can change an earlier output's rounding, and one more than about 80
+      (float32) or 700 (float64) above every earlier key of its block underflows the
+      queries before it.
 
     Either way c never falls from block to block, so carrying earlier blocks rescales by
     e^{c_i - c_j} <= 1.
@@ -218,39 +310,59 @@ def key_shifts(keys: Tensor, block: int, causal: bool, acc: torch.dtype, from_th
         if not causal:
             shift = keys.amax(dim=1, keepdim=True).expand(batch, n_blocks, channels)
             return torch.where(shift.isfinite(), shift, torch.zeros_like(shift)), 0.0
-        padding = n_blocks * block - length  # none: the blocks are a view of the keys (no copy)
-        padded = keys if padding == 0 else F.pad(keys, (0, 0, 0, padding), value=float("-inf"))
-        blocks = padded.unflatten(1, (n_blocks, block))  # [B, n, L, k], -inf past the end
-        ends = blocks.amax(dim=2).cummax(dim=1).values  # running max at each block's end, [B, n, k]
+        # none: the blocks are a view of the keys (no copy)
+        padding = n_blocks * block - length
+        padded = (
+            keys
+            if padding == 0
+            else F.pad(keys, (0, 0, 0, padding), value=float("-inf"))
+        )
+        # [B, n, L, k], -inf past the end
+        blocks = padded.unflatten(1, (n_blocks, block))
+        # running max at each block's end, [B, n, k]
+        ends = blocks.amax(dim=2).cummax(dim=1).values
         if not from_the_past:
             return monotone_shift(ends, dim=1), 0.0
         before = F.pad(ends[:, :-1], (0, 0, 1, 0), value=float("-inf"))
-        starts = torch.maximum(before, blocks[:, :, 0])  # running max at each block's start
+        # running max at each block's start
+        starts = torch.maximum(before, blocks[:, :, 0])
         shift = torch.where(starts.isfinite(), starts, ends)
-        rise = float((ends - shift).nan_to_num(0.0, posinf=0.0).amax()) if shift.numel() else 0.0
-        shift = torch.maximum(shift, ends - SHIFT_HEADROOM[acc])  # float64 past e^600: c rises towards the end
+        rise = (
+            float((ends - shift).nan_to_num(0.0, posinf=0.0).amax())
+            if shift.numel()
+            else 0.0
+        )
+        # float64 past e^600: c rises towards the end
+        shift = torch.maximum(shift, ends - SHIFT_HEADROOM[acc])
         return monotone_shift(shift, dim=1), rise
 
 # %% ../notebooks/08_aft_kernels.ipynb #715309bd
-def to_blocks(x: Tensor, n_blocks: int, block: int, groups: int, fill: float = 0.0) -> Tensor:
+def to_blocks(
+    x: Tensor, n_blocks: int, block: int, groups: int, fill: float = 0.0
+) -> Tensor:
     """`[B, T, G c]` -> `[G, n, L, B, c]`, time padded to n L positions with `fill`.
 
-    The batch sits beside the channels, so that one matmul per block takes every element of the
-    batch as columns (`[L, L] @ [L, B c]`), whatever B is.
+    The batch sits beside the channels, so that one matmul per block takes every element
+    of the batch as columns (`[L, L] @ [L, B c]`), whatever B is.
     """
     batch, length, channels = x.shape
     x = F.pad(x, (0, 0, 0, n_blocks * block - length), value=fill)
-    return x.view(batch, n_blocks, block, groups, channels // groups).permute(3, 1, 2, 0, 4)
+    return x.view(batch, n_blocks, block, groups, channels // groups).permute(
+        3, 1, 2, 0, 4
+    )
 
 
 def from_blocks(x: Tensor, length: int) -> Tensor:
     """`[G, n, L, B, c]` -> `[B, T, G c]`, the inverse of `to_blocks`."""
     groups, n_blocks, block, batch, channels = x.shape
-    return x.permute(3, 1, 2, 0, 4).reshape(batch, n_blocks * block, groups * channels)[:, :length]
+    return x.permute(3, 1, 2, 0, 4).reshape(batch, n_blocks * block, groups * channels)[
+        :, :length
+    ]
 
 
 def later_blocks(x: Tensor, lag: int, fill: float = 0.0) -> Tensor:
-    """Block j of the result is block j - lag of `x` (`[G, n, ...]`); the first `lag` blocks hold `fill`."""
+    """Block j of the result is block j - lag of `x` (`[G, n, ...]`); the first `lag`
+    blocks hold `fill`."""
     pad = [0, 0] * (x.ndim - 2) + [lag, 0]
     return F.pad(x, pad, value=fill)[:, : x.shape[1]]
 
@@ -258,28 +370,47 @@ def later_blocks(x: Tensor, lag: int, fill: float = 0.0) -> Tensor:
 def ratio(num: Tensor, den: Tensor) -> Tensor:
     """num / den, and 0 for a query whose keys are all padding (den = 0), not 0/0."""
     has_key = den > 0
-    return torch.where(has_key, num / torch.where(has_key, den, torch.ones_like(den)), torch.zeros_like(num))
+    return torch.where(
+        has_key,
+        num / torch.where(has_key, den, torch.ones_like(den)),
+        torch.zeros_like(num),
+    )
 
 
-def band_matrices(band: Tensor, window: int, block: int, length: int, causal: bool) -> tuple[Tensor, Tensor]:
-    """The blockwise matrices of AFT-local / AFT-conv from the band storage `[G, T, 2s - 1]`.
+def band_matrices(
+    band: Tensor, window: int, block: int, length: int, causal: bool
+) -> tuple[Tensor, Tensor]:
+    """The blockwise matrices of AFT-local / AFT-conv from the band storage `[G, T, 2s -
+    1]`.
 
-    Returns `matrices` `[G, n, L, 3L]` (query i of block j against the keys of blocks j-1, j, j+1,
-    column i + delta + L) holding e^{w - r_t} inside the window and e^{-r_t} outside it (causal:
-    0 after the query), and `outside` = e^{-r_t} `[G, n, L, 1, 1]`, the weight of every farther key
-    (0 for a query with none: its r_t may lie far below 0).
-    No expm1: every key enters with its own weight, so nothing cancels.
+    Returns `matrices` `[G, n, L, 3L]` (query i of block j against the keys of blocks
+    j-1, j, j+1, column i + delta + L) holding e^{w - r_t} inside the window and
+    e^{-r_t} outside it (causal: 0 after the query), and `outside` = e^{-r_t} `[G, n, L,
+    1, 1]`, the weight of every farther key (0 for a query with none: its r_t may lie
+    far below 0). No expm1: every key enters with its own weight, so nothing cancels.
     """
     groups = band.shape[0]
     n_blocks = -(-length // block)
-    band = F.pad(band, (0, 0, 0, n_blocks * block - length)).view(groups, n_blocks, block, 2 * window - 1)
+    band = F.pad(band, (0, 0, 0, n_blocks * block - length)).view(
+        groups, n_blocks, block, 2 * window - 1
+    )
     valid = band_entries(n_blocks, block, window, length, causal, band.device)
-    far_rows = far_keys(torch.arange(n_blocks * block, device=band.device).view(n_blocks, block, 1), window, length,
-                        causal)
+    far_rows = far_keys(
+        torch.arange(n_blocks * block, device=band.device).view(n_blocks, block, 1),
+        window,
+        length,
+        causal,
+    )
     row_shift = row_shifts(band, valid, far_rows)  # [G, n, L, 1]
-    inside = torch.exp(band.masked_fill(~valid, float("-inf")) - row_shift)  # 0 where no pair
-    matrices = skew(F.pad(inside, (block - window + 1, block - window + 1)))  # [G, n, L, 3L]
-    offset = torch.arange(3 * block, device=band.device) - block - torch.arange(block, device=band.device)[:, None]
+    # 0 where no pair
+    inside = torch.exp(band.masked_fill(~valid, float("-inf")) - row_shift)
+    # [G, n, L, 3L]
+    matrices = skew(F.pad(inside, (block - window + 1, block - window + 1)))
+    offset = (
+        torch.arange(3 * block, device=band.device)
+        - block
+        - torch.arange(block, device=band.device)[:, None]
+    )
     far = offset.abs() >= window  # [L, 3L]: delta = t' - t outside the window
     if causal:
         far = far & (offset <= 0)
@@ -288,22 +419,35 @@ def band_matrices(band: Tensor, window: int, block: int, length: int, causal: bo
 
 
 def _block_matmul(matrix: Tensor, x: Tensor) -> Tensor:
-    """`[G, n, L, L]` @ `[G, n, L, B, C]`: one matmul per block, the batch and channels as columns."""
+    """`[G, n, L, L]` @ `[G, n, L, B, C]`: one matmul per block, the batch and channels
+    as columns."""
     return (matrix @ x.flatten(-2)).view(x.shape)
 
 
 @outside_autocast
-def chunked_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
-                 key_padding_mask: Tensor | None) -> Tensor:
-    r"""AFT-local, AFT-conv and AFT-simple in blocks, with no loop and no host sync: the GPU path.
+def chunked_band(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band: Tensor,
+    window: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    *,
+    from_the_past: bool = False,
+) -> Tensor:
+    r"""AFT-local, AFT-conv and AFT-simple in blocks, with no loop and no host sync: the
+    GPU path.
 
-    q, v: `[B, T, d]`; k: `[B, T, d]`, or `[B, T, G]` for one key channel per group (AFT-conv's heads);
-    band: `[G, T, 2s - 1]`, band[g, t, delta + s - 1] = :math:`w_{t, t + \delta}` for channels of group g.
-    Cut time into blocks of L >= s positions. A query of block j sees the keys of blocks j-1, j, j+1
-    through one `[L, 3L]` matrix (:math:`e^{w}` inside the window, 1 outside; `band_matrices`), and
-    every farther key with weight 1 through the running totals of the blocks, carried in log space
-    (`decayed_carry`). Keys are shifted per block by their running max (`key_shifts`), rows
-    by their largest bias (`row_shifts`).
+    q, v: `[B, T, d]`; k: `[B, T, d]`, or `[B, T, G]` for one key channel per group
+    (AFT-conv's heads); band: `[G, T, 2s - 1]`, band[g, t, delta + s - 1] = :math:`w_{t,
+    t + \delta}` for channels of group g. Cut time into blocks of L >= s positions. A
+    query of block j sees the keys of blocks j-1, j, j+1 through one `[L, 3L]` matrix
+    (:math:`e^{w}` inside the window, 1 outside; `band_matrices`), and every farther key
+    with weight 1 through the running totals of the blocks, carried in log space
+    (`decayed_carry`). Keys are shifted per block by their running max (`key_shifts`),
+    rows by their largest bias (`row_shifts`); `from_the_past` as in `key_shifts` (True
+    on CPUs).
     """
     batch, length, d = q.shape
     if length == 0:
@@ -314,26 +458,49 @@ def chunked_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, cau
     block = min(max(window, 64), length)  # L
     n_blocks = -(-length // block)
     keys = k.to(acc)
-    if key_padding_mask is not None:  # padded keys get e^{-inf} = 0: they contribute nothing
+    # padded keys get e^{-inf} = 0: they contribute nothing
+    if key_padding_mask is not None:
         keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
-    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=selected_aft_kernel(q.device) == "cpu-chunked")
-    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:  # the CPU path only: see `key_shifts`
-        return chunked_band(q.double(), k.double(), v.double(), band.double(), window, causal,
-                            key_padding_mask).to(q.dtype)
-    shift = shift.view(batch, n_blocks, groups, -1).permute(2, 1, 0, 3)[:, :, None]  # [G, n, 1, B, k]
-    return recompute_in_backward(_mix_in_blocks, q, k, v, band, shift, key_padding_mask, window, block, causal)
+    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=from_the_past)
+    # the CPU path only: see `key_shifts`
+    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:
+        return chunked_band(
+            q.double(),
+            k.double(),
+            v.double(),
+            band.double(),
+            window,
+            causal,
+            key_padding_mask,
+            from_the_past=True,
+        ).to(q.dtype)
+    # [G, n, 1, B, k]
+    shift = shift.view(batch, n_blocks, groups, -1).permute(2, 1, 0, 3)[:, :, None]
+    return recompute_in_backward(
+        _mix_in_blocks, q, k, v, band, shift, key_padding_mask, window, block, causal
+    )
 
 
 def recompute_in_backward(function, *args):
-    """`function(*args)`, keeping only its inputs for the backward pass, which runs it again
-    (`torch.utils.checkpoint`): what autograd saves stays the size of the inputs."""
+    """`function(*args)`, keeping only its inputs for the backward pass, which runs it
+    again (`torch.utils.checkpoint`): what autograd saves stays the size of the
+    inputs."""
     if torch.is_grad_enabled():
         return checkpoint(function, *args, use_reentrant=False)
     return function(*args)
 
 
-def _mix_in_blocks(q: Tensor, k: Tensor, v: Tensor, band: Tensor, shift: Tensor, key_padding_mask: Tensor | None,
-                   window: int, block: int, causal: bool) -> Tensor:
+def _mix_in_blocks(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band: Tensor,
+    shift: Tensor,
+    key_padding_mask: Tensor | None,
+    window: int,
+    block: int,
+    causal: bool,
+) -> Tensor:
     """The body of `chunked_band`, given the key shifts `[G, n, 1, B, k]`."""
     batch, length, d = q.shape
     groups, n_blocks = band.shape[0], shift.shape[1]
@@ -341,27 +508,38 @@ def _mix_in_blocks(q: Tensor, k: Tensor, v: Tensor, band: Tensor, shift: Tensor,
     keys = k.to(acc)
     if key_padding_mask is not None:
         keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
-    keys = to_blocks(keys, n_blocks, block, groups, fill=float("-inf"))  # [G, n, L, B, k]
+    # [G, n, L, B, k]
+    keys = to_blocks(keys, n_blocks, block, groups, fill=float("-inf"))
     values = to_blocks(v.to(acc), n_blocks, block, groups)  # [G, n, L, B, c]
     channels = values.shape[-1]
     weights = torch.exp(keys - shift)  # b = e^{K - c}
-    terms = torch.cat([weights * values, weights], dim=-1)  # [a | b], [G, n, L, B, c + k]
+    # [a | b], [G, n, L, B, c + k]
+    terms = torch.cat([weights * values, weights], dim=-1)
     matrices, outside = band_matrices(band.to(acc), window, block, length, causal)
     previous, own, following = matrices.split(block, dim=-1)  # [G, n, L, L] each
     sums = _block_matmul(own, terms)
-    shift_ab = torch.cat([shift.expand(*shift.shape[:-1], channels), shift], dim=-1)  # a and b share c
+    # a and b share c
+    shift_ab = torch.cat([shift.expand(*shift.shape[:-1], channels), shift], dim=-1)
     reach = window > 1  # the window reaches into the neighbouring blocks
-    if reach:  # block j-1's terms, rescaled from its shift to block j's: e^{c_{j-1} - c_j} <= 1
-        earlier = later_blocks(terms, 1) * torch.exp(later_blocks(shift_ab, 1, fill=float("-inf")) - shift_ab)
+    # block j-1's terms, rescaled from its shift to block j's: e^{c_{j-1} - c_j} <= 1
+    if reach:
+        earlier = later_blocks(terms, 1) * torch.exp(
+            later_blocks(shift_ab, 1, fill=float("-inf")) - shift_ab
+        )
         sums = sums + _block_matmul(previous, earlier)
         if not causal:
-            sums = sums + _block_matmul(following, later_blocks(terms.flip(1), 1).flip(1))
+            sums = sums + _block_matmul(
+                following, later_blocks(terms.flip(1), 1).flip(1)
+            )
     totals = terms.sum(dim=2, keepdim=True)  # [G, n, 1, B, c + k]
     lag = 2 if reach else 1  # blocks farther than the matrices reach
     if causal:
         carry = _DecayedCarry.apply(totals, shift_ab, lag, 1)
-    else:  # one shift for all blocks: plain sums up to block j - lag and from block j + lag
-        carry = later_blocks(totals.cumsum(1), lag) + later_blocks(totals.flip(1).cumsum(1), lag).flip(1)
+    # one shift for all blocks: plain sums up to block j - lag and from block j + lag
+    else:
+        carry = later_blocks(totals.cumsum(1), lag) + later_blocks(
+            totals.flip(1).cumsum(1), lag
+        ).flip(1)
     sums = sums + outside * carry
     num, den = sums.split([channels, sums.shape[-1] - channels], dim=-1)
     mixed = from_blocks(ratio(num, den), length)  # [B, T, d]
@@ -370,13 +548,15 @@ def _mix_in_blocks(q: Tensor, k: Tensor, v: Tensor, band: Tensor, shift: Tensor,
 # %% ../notebooks/08_aft_kernels.ipynb #5a65c639
 @dataclass
 class _LocalBlocks:
-    """The band of one AFT-local call cut into blocks of L queries (shared by the batch).
+    """The band of one AFT-local call cut into blocks of L queries (shared by the
+    batch).
 
-    `matrices[j]` is `[L, 3L]`: query i of block j against the keys of blocks j-1, j, j+1
-    (column i + delta + L), holding expm1(w) (scaled by exp(-r_t)) inside the window, 0 elsewhere;
-    `own` adds the causal prefix's ones (exp(-r_t)) below the band; `outside` is exp(-r_t) `[n, L, 1]`;
-    a query with no key outside its window has `outside` 0 and its band entries exp(w - r_t) as they are;
-    `slope` is d matrices / d w = exp(w - r_t) on the band `[n, L, 2s - 1]`, 0 where invalid.
+    `matrices[j]` is `[L, 3L]`: query i of block j against the keys of blocks j-1, j,
+    j+1 (column i + delta + L), holding expm1(w) (scaled by exp(-r_t)) inside the
+    window, 0 elsewhere; `own` adds the causal prefix's ones (exp(-r_t)) below the band;
+    `outside` is exp(-r_t) `[n, L, 1]`; a query with no key outside its window has
+    `outside` 0 and its band entries exp(w - r_t) as they are; `slope` is d matrices / d
+    w = exp(w - r_t) on the band `[n, L, 2s - 1]`, 0 where invalid.
     """
 
     block: int
@@ -384,88 +564,153 @@ class _LocalBlocks:
     window: int
     causal: bool
     own: Tensor  # [n, L, L]
-    previous: Tensor  # [n, s - 1, s - 1]: queries 0..s-2 against the previous block's keys L-s+1..L-1
-    next: Tensor  # [n, s - 1, s - 1]: queries L-s+1..L-1 against the next block's keys 0..s-2
+    # [n, s - 1, s - 1]: queries 0..s-2 against the previous block's keys L-s+1..L-1
+    previous: Tensor
+    # [n, s - 1, s - 1]: queries L-s+1..L-1 against the next block's keys 0..s-2
+    next: Tensor
     outside: Tensor  # [n, L, 1]
     slope: Tensor  # [n, L, 2s - 1]
 
 
-def _local_blocks(band: Tensor, window: int, block: int, length: int, causal: bool) -> _LocalBlocks:
-    """Cut the band storage `[T, 2s - 1]` (band[t, delta + s - 1] = w_{t, t + delta}) into block matrices."""
+def _local_blocks(
+    band: Tensor, window: int, block: int, length: int, causal: bool
+) -> _LocalBlocks:
+    """Cut the band storage `[T, 2s - 1]` (band[t, delta + s - 1] = w_{t, t + delta})
+    into block matrices."""
     n_blocks = -(-length // block)
     padded_length = n_blocks * block
-    band = F.pad(band, (0, 0, 0, padded_length - length)).view(n_blocks, block, 2 * window - 1)
+    band = F.pad(band, (0, 0, 0, padded_length - length)).view(
+        n_blocks, block, 2 * window - 1
+    )
     valid = band_entries(n_blocks, block, window, length, causal, band.device)
-    # The row shift r_t = max_t' w_tt' (at least 0 with keys outside the window): both sums of query t
-    # are scaled by exp(-r_t), which cancels.
-    far_rows = far_keys(torch.arange(padded_length, device=band.device).view(n_blocks, block, 1), window, length,
-                        causal)
+    # The row shift r_t = max_t' w_tt' (at least 0 with keys outside the window): both
+    # sums of query t are scaled by exp(-r_t), which cancels.
+    far_rows = far_keys(
+        torch.arange(padded_length, device=band.device).view(n_blocks, block, 1),
+        window,
+        length,
+        causal,
+    )
     row_shift = row_shifts(band, valid, far_rows)  # [n, L, 1]
     band = band.masked_fill(~valid, float("-inf"))
     slope = torch.exp(band - row_shift)  # exp(w - r), 0 where invalid
     outside = torch.where(far_rows, torch.exp(-row_shift), 0.0)
-    # expm1(w) scaled by exp(-r): exp(w - r) - exp(-r), computed as expm1 where r = 0 (most rows). A
-    # query with no key outside the window takes exp(w - r) itself: no ones to correct, no cancelling.
+    # expm1(w) scaled by exp(-r): exp(w - r) - exp(-r), computed as expm1 where r = 0
+    # (most rows). A query with no key outside the window takes exp(w - r) itself: no
+    # ones to correct, no cancelling.
     scaled = torch.where(row_shift == 0, torch.expm1(band), slope - outside)
     scaled = torch.where(far_rows, scaled, slope).masked_fill(~valid, 0.0)
-    wide = F.pad(scaled, (block - window + 1, block - window + 1))  # [n, L, 2L + 1], column delta + L
+    # [n, L, 2L + 1], column delta + L
+    wide = F.pad(scaled, (block - window + 1, block - window + 1))
     matrices = skew(wide)  # [n, L, 3L], column i + delta + L
     own = matrices[..., block: 2 * block]
     if causal:  # the prefix's ones inside the block: sum_{t' <= t} exp(-r_t) a_t'
-        own = own + outside * torch.ones(block, block, dtype=band.dtype, device=band.device).tril()
-    near = window - 1  # rows / columns of a block that reach into the neighbouring block
+        own = (
+            own
+            + outside
+            * torch.ones(block, block, dtype=band.dtype, device=band.device).tril()
+        )
+    # rows / columns of a block that reach into the neighbouring block
+    near = window - 1
     previous = matrices[:, :near, block - near: block]
     following = matrices[:, block - near:, 2 * block: 2 * block + near]
-    return _LocalBlocks(block, n_blocks, window, causal, own.contiguous(), previous.contiguous(),
-                        following.contiguous(), outside, slope)
+    return _LocalBlocks(
+        block,
+        n_blocks,
+        window,
+        causal,
+        own.contiguous(),
+        previous.contiguous(),
+        following.contiguous(),
+        outside,
+        slope,
+    )
 
 
-# Work buffers hold a chunk of batch elements of about this size each: big enough that short
-# sequences run many elements per matmul, small enough to stay in the caches.
+# Work buffers hold a chunk of batch elements of about this size each: big enough that
+# short sequences run many elements per matmul, small enough to stay in the caches.
 _CHUNK_BYTES = 2 * 2**20
-# Up to this many bytes of work buffers for the whole batch, the forward pass keeps them for the
-# backward pass, which then skips recomputing num and den (a third of its time); above it, memory
-# matters more and the backward pass recomputes them chunk by chunk.
+# Up to this many bytes of work buffers for the whole batch, the forward pass keeps them
+# for the backward pass, which then skips recomputing num and den (a third of its time);
+# above it, memory matters more and the backward pass recomputes them chunk by chunk.
 _KEEP_BYTES = 32 * 2**20
 
 
 class _LocalBuffers:
-    """Work space for a chunk of batch elements, time first (`[n, L, chunk, 2d]`), allocated once
-    per call and reused from chunk to chunk; it fits its chunk exactly, so the `[n, L, chunk 2d]`
-    matrix views that `torch.bmm` writes into are views, never copies."""
+    """Work space for a chunk of batch elements, time first (`[n, L, chunk, 2d]`),
+    allocated once per call and reused from chunk to chunk; it fits its chunk exactly,
+    so the `[n, L, chunk 2d]` matrix views that `torch.bmm` writes into are views, never
+    copies."""
 
-    def __init__(self, blocks: _LocalBlocks, chunk: int, d: int, dtype: torch.dtype, device, backward: bool):
+    def __init__(
+        self,
+        blocks: _LocalBlocks,
+        chunk: int,
+        d: int,
+        dtype: torch.dtype,
+        device,
+        backward: bool,
+    ):
         n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
-        empty = lambda *shape: torch.empty(*shape, dtype=dtype, device=device)  # noqa: E731
-        self.terms = empty(n, block, chunk, 2 * d)  # [a | b] = [exp(K - c) V | exp(K - c)]
+        # noqa: E731
+        empty = lambda *shape: torch.empty(*shape, dtype=dtype, device=device)
+        # [a | b] = [exp(K - c) V | exp(K - c)]
+        self.terms = empty(n, block, chunk, 2 * d)
         self.sums = empty(n, block, chunk, 2 * d)  # [num | den]
-        self.near = empty(max(n - 1, 0), near, chunk, 2 * d)  # one neighbouring block's band contribution
+        # one neighbouring block's band contribution
+        self.near = empty(max(n - 1, 0), near, chunk, 2 * d)
         if backward:
-            self.grads = empty(n, block, chunk, 2 * d)  # [g | -g H], the gradients of num and den
+            # [g | -g H], the gradients of num and den
+            self.grads = empty(n, block, chunk, 2 * d)
 
 
 def _chunk_size(batch: int, length: int, d: int, dtype: torch.dtype) -> int:
-    return max(1, min(batch, _CHUNK_BYTES // (length * 2 * d * torch.finfo(dtype).bits // 8)))
+    return max(
+        1, min(batch, _CHUNK_BYTES // (length * 2 * d * torch.finfo(dtype).bits // 8))
+    )
 
 
-def _keeps_buffers(batch: int, blocks: _LocalBlocks, d: int, dtype: torch.dtype) -> bool:
-    """Whether the whole batch's `terms` and `sums` (`[n, L, B, 2d]` each) fit in `_KEEP_BYTES`."""
-    return 2 * blocks.n_blocks * blocks.block * batch * 2 * d * torch.finfo(dtype).bits // 8 <= _KEEP_BYTES
+def _keeps_buffers(
+    batch: int, blocks: _LocalBlocks, d: int, dtype: torch.dtype
+) -> bool:
+    """Whether the whole batch's `terms` and `sums` (`[n, L, B, 2d]` each) fit in
+    `_KEEP_BYTES`."""
+    return (
+        2
+        * blocks.n_blocks
+        * blocks.block
+        * batch
+        * 2
+        * d
+        * torch.finfo(dtype).bits
+        // 8
+        <= _KEEP_BYTES
+    )
 
 
 def _as_matrix(x: Tensor) -> Tensor:
-    """`[n, rows, chunk, 2d]` -> `[n, rows, chunk 2d]`: every element and channel is one column."""
+    """`[n, rows, chunk, 2d]` -> `[n, rows, chunk 2d]`: every element and channel is one
+    column."""
     return x.reshape(x.shape[0], x.shape[1], -1)
 
 
-def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blocks: _LocalBlocks,
-                buffers: _LocalBuffers) -> None:
-    """num and den of a chunk of batch elements into `buffers.sums`: k, v `[c, T, d]`, shift `[c, n, d]`.
+def _local_sums(
+    k: Tensor,
+    v: Tensor,
+    padding: Tensor | None,
+    shift: Tensor,
+    blocks: _LocalBlocks,
+    buffers: _LocalBuffers,
+) -> None:
+    """num and den of a chunk of batch elements into `buffers.sums`: k, v `[c, T, d]`,
+    shift `[c, n, d]`.
 
-        num_t = sum_{t' in N(t)} exp(-r_t) a_t' + sum_{|t - t'| < s} (exp(w_tt' - r_t) - exp(-r_t)) a_t'
+        num_t = sum_{t' in N(t)} exp(-r_t) a_t' + sum_{|t - t'| < s} (exp(w_tt' - r_t) -
+        exp(-r_t)) a_t'
 
-    per block j: own block @ [a | b]_j, plus the band's corners against blocks j -+ 1, plus the
-    running totals of earlier blocks (causal; all blocks, bidirectional) times exp(-r_t).
+    per block j: own block @ [a | b]_j, plus the band's corners against blocks j -+ 1,
+    plus the running totals of earlier blocks (causal; all blocks, bidirectional) times
+    exp(-r_t).
     """
     chunk, length, d = k.shape
     n, block, near = blocks.n_blocks, blocks.block, blocks.window - 1
@@ -473,29 +718,43 @@ def _local_sums(k: Tensor, v: Tensor, padding: Tensor | None, shift: Tensor, blo
     flat = terms.reshape(n * block, chunk, 2 * d)  # time first: [T', c, 2d]
     weights = terms[..., d:]  # b = exp(K - c), [n, L, c, d]
     shift = shift.transpose(0, 1)  # [n, c, d]
-    # K - c, exponentiated in contiguous memory: exp on a strided view such as `weights` takes a
-    # scalar path about 7 times slower. `sums` is free until the matmuls below fill it.
+    # K - c, exponentiated in contiguous memory: exp on a strided view such as `weights`
+    # takes a scalar path about 7 times slower. `sums` is free until the matmuls below
+    # fill it.
     exponent = sums.view(-1)[: n * block * chunk * d].view(n, block, chunk, d)
     full = length // block  # blocks without padding rows
     keys = k.transpose(0, 1)  # [T, c, d]
-    torch.sub(keys[: full * block].reshape(full, block, chunk, d), shift[:full, None], out=exponent[:full])
+    torch.sub(
+        keys[: full * block].reshape(full, block, chunk, d),
+        shift[:full, None],
+        out=exponent[:full],
+    )
     if full < n:
-        exponent.view(n * block, chunk, d)[full * block: length].copy_(keys[full * block:]).sub_(shift[full])
+        exponent.view(n * block, chunk, d)[full * block : length].copy_(
+            keys[full * block :]
+        ).sub_(shift[full])
     weights.copy_(exponent.exp_())
     flat[length:].zero_()
     if padding is not None:  # padded keys contribute nothing
         flat[:length, :, d:].masked_fill_(padding.T[:, :, None], 0.0)
-    torch.mul(flat[:length, :, d:], v.transpose(0, 1), out=flat[:length, :, :d])  # a = b V
+    # a = b V
+    torch.mul(flat[:length, :, d:], v.transpose(0, 1), out=flat[:length, :, :d])
     torch.bmm(blocks.own, _as_matrix(terms), out=_as_matrix(sums))
     rescale = _block_rescale(shift, blocks.causal)  # [n, c, 2d]
     if n > 1 and near > 0:
         nearby = buffers.near
-        torch.bmm(blocks.previous[1:], _as_matrix(terms[:-1, block - near:]), out=_as_matrix(nearby))
+        torch.bmm(
+            blocks.previous[1:],
+            _as_matrix(terms[:-1, block - near :]),
+            out=_as_matrix(nearby),
+        )
         if rescale is not None:  # from c_{j-1} to c_j
             nearby.mul_(rescale[1:, None])
         sums[1:, :near].add_(nearby)
         if not blocks.causal:
-            torch.bmm(blocks.next[:-1], _as_matrix(terms[1:, :near]), out=_as_matrix(nearby))
+            torch.bmm(
+                blocks.next[:-1], _as_matrix(terms[1:, :near]), out=_as_matrix(nearby)
+            )
             sums[:-1, block - near:].add_(nearby)
     totals = terms.sum(dim=1)  # [n, c, 2d]
     if blocks.causal:  # sum_{i < j} totals_i exp(c_i - c_j), the earlier blocks
@@ -511,7 +770,8 @@ def _both(shift: Tensor) -> Tensor:
 
 
 def _block_rescale(shift: Tensor, causal: bool) -> Tensor | None:
-    """exp(c_{j-1} - c_j) <= 1 for [a | b] `[n, ..., 2d]` (block 0: 1); None when bidirectional (one shift)."""
+    """exp(c_{j-1} - c_j) <= 1 for [a | b] `[n, ..., 2d]` (block 0: 1); None when
+    bidirectional (one shift)."""
     if not causal:
         return None
     rescale = torch.ones_like(shift)  # [n, ..., d]
@@ -520,33 +780,49 @@ def _block_rescale(shift: Tensor, causal: bool) -> Tensor | None:
 
 
 class _AFTLocalFunction(torch.autograd.Function):
-    """AFT-local on the projections `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`.
+    """AFT-local on the projections `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T,
+    2s - 1]`.
 
-    Saves its inputs, and the forward pass's work buffers when they are small (`_KEEP_BYTES`);
-    otherwise the backward pass recomputes num and den a chunk of batch elements at a time, so
-    the work space is O(T d). Then it applies the transposed block matrices (derived above).
+    Saves its inputs, and the forward pass's work buffers when they are small
+    (`_KEEP_BYTES`); otherwise the backward pass recomputes num and den a chunk of batch
+    elements at a time, so the work space is O(T d). Then it applies the transposed
+    block matrices (derived above).
     """
 
     @staticmethod
-    @torch.no_grad()  # as eager runs it; torch 2.4's compiler traced it with grad on and refused its out= ops
+    # as eager runs it; torch 2.4's compiler traced it with grad on and refused its out=
+    # ops
+    @torch.no_grad()
     def forward(ctx, qkv, band, shift, window, block, causal, padding):
         batch, length, d = qkv.shape[0], qkv.shape[1], qkv.shape[2] // 3
         q, k, v = qkv.split(d, dim=-1)
         acc = shift.dtype
         blocks = _local_blocks(band.to(acc), window, block, length, causal)
         chunk = _chunk_size(batch, length, d, acc)
-        keep = any(ctx.needs_input_grad) and _keeps_buffers(batch, blocks, d, acc)  # no backward, nothing to keep
+        # no backward, nothing to keep
+        keep = any(ctx.needs_input_grad) and _keeps_buffers(batch, blocks, d, acc)
         buffers = _LocalBuffers(blocks, chunk, d, acc, q.device, backward=False)
         out = torch.empty(batch, length, d, dtype=qkv.dtype, device=qkv.device)
         kept = []
         for first in range(0, batch, chunk):
             part = slice(first, first + chunk)
-            if batch - first < chunk or (keep and first > 0):  # a shorter last chunk, or one to keep: own buffers
-                buffers = _LocalBuffers(blocks, min(chunk, batch - first), d, acc, q.device, backward=False)
-            _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
+            # a shorter last chunk, or one to keep: own buffers
+            if batch - first < chunk or (keep and first > 0):
+                buffers = _LocalBuffers(
+                    blocks, min(chunk, batch - first), d, acc, q.device, backward=False
+                )
+            _local_sums(
+                k[part],
+                v[part],
+                None if padding is None else padding[part],
+                shift[part],
+                blocks,
+                buffers,
+            )
             num, den = _numerator_denominator(buffers, length)  # [T, c, d]
             ratio = torch.div(num, den)
-            ratio.masked_fill_(den <= 0, 0.0)  # a query whose keys are all padding: output 0, not 0/0
+            # a query whose keys are all padding: output 0, not 0/0
+            ratio.masked_fill_(den <= 0, 0.0)
             out[part] = ratio.transpose(0, 1).mul_(torch.sigmoid(q[part].to(acc)))
             if keep:
                 kept.append(buffers)
@@ -565,10 +841,16 @@ class _AFTLocalFunction(torch.autograd.Function):
         acc, blocks = shift.dtype, ctx.blocks
         n, near = blocks.n_blocks, window - 1
         chunk = _chunk_size(batch, length, d, acc)
-        # The kept buffers serve one backward pass (it overwrites them); another (retain_graph) recomputes.
+        # The kept buffers serve one backward pass (it overwrites them); another
+        # (retain_graph) recomputes.
         kept, ctx.kept = ctx.kept, None
-        buffers = None if kept else _LocalBuffers(blocks, chunk, d, acc, q.device, backward=True)
-        grad_qkv = torch.empty_like(qkv)  # one tensor: the projections' backward is one matmul
+        buffers = (
+            None
+            if kept
+            else _LocalBuffers(blocks, chunk, d, acc, q.device, backward=True)
+        )
+        # one tensor: the projections' backward is one matmul
+        grad_qkv = torch.empty_like(qkv)
         grad_q, grad_k, grad_v = grad_qkv.split(d, dim=-1)
         want_band = ctx.needs_input_grad[1]
         if want_band:
@@ -583,20 +865,32 @@ class _AFTLocalFunction(torch.autograd.Function):
                 buffers.grads = torch.empty_like(buffers.terms)
             else:
                 if size < chunk:  # a shorter last chunk gets buffers of its own size
-                    buffers = _LocalBuffers(blocks, size, d, acc, q.device, backward=True)
-                _local_sums(k[part], v[part], None if padding is None else padding[part], shift[part], blocks, buffers)
+                    buffers = _LocalBuffers(
+                        blocks, size, d, acc, q.device, backward=True
+                    )
+                _local_sums(
+                    k[part],
+                    v[part],
+                    None if padding is None else padding[part],
+                    shift[part],
+                    blocks,
+                    buffers,
+                )
             terms, grads = buffers.terms, buffers.grads
             flat_grads = grads.reshape(n * block, size, 2 * d)
             num, den = _numerator_denominator(buffers, length)  # [T, c, d]
             gate = torch.sigmoid(q[part].to(acc)).transpose(0, 1)  # sigma(Q)
-            inverse = den.masked_fill_(den <= 0, math.inf).reciprocal_()  # 1 / den, 0 without keys
+            # 1 / den, 0 without keys
+            inverse = den.masked_fill_(den <= 0, math.inf).reciprocal_()
             ratio = num.mul_(inverse)  # H = num / den
             upstream = grad_out[part].to(acc).transpose(0, 1)
-            # g = G sigma / den (d loss / d num) ;  d loss / d den = -g H ;  dQ = G H sigma (1 - sigma)
+            # g = G sigma / den (d loss / d num) ;  d loss / d den = -g H ;  dQ = G H
+            # sigma (1 - sigma)
             g = flat_grads[:length, :, :d]
             torch.mul(upstream, gate, out=g)
             torch.mul(g, ratio, out=flat_grads[:length, :, d:]).neg_()
-            grad_q[part] = (flat_grads[:length, :, d:] * gate.sub_(1.0)).transpose(0, 1)  # -G sigma H (sigma - 1)
+            # -G sigma H (sigma - 1)
+            grad_q[part] = (flat_grads[:length, :, d:] * gate.sub_(1.0)).transpose(0, 1)
             g.mul_(inverse)
             flat_grads[:length, :, d:].mul_(inverse)
             flat_grads[length:].zero_()
@@ -604,75 +898,118 @@ class _AFTLocalFunction(torch.autograd.Function):
             flat_back = back.reshape(n * block, size, 2 * d)
             rescale = _block_rescale(shift[part].transpose(0, 1), causal)  # [n, c, 2d]
             # [U | -R]_t' = sum_t M_tt' [g | -g H]_t: the transposed block matrices
-            torch.bmm(blocks.own.transpose(1, 2), _as_matrix(grads), out=_as_matrix(back))
+            torch.bmm(
+                blocks.own.transpose(1, 2), _as_matrix(grads), out=_as_matrix(back)
+            )
             if n > 1 and near > 0:
                 nearby = buffers.near
-                torch.bmm(blocks.previous[1:].transpose(1, 2), _as_matrix(grads[1:, :near]), out=_as_matrix(nearby))
+                torch.bmm(
+                    blocks.previous[1:].transpose(1, 2),
+                    _as_matrix(grads[1:, :near]),
+                    out=_as_matrix(nearby),
+                )
                 if rescale is not None:
                     nearby.mul_(rescale[1:, None])
                 back[:-1, block - near:].add_(nearby)
                 if not causal:
-                    torch.bmm(blocks.next[:-1].transpose(1, 2), _as_matrix(grads[:-1, block - near:]),
-                              out=_as_matrix(nearby))
+                    torch.bmm(
+                        blocks.next[:-1].transpose(1, 2),
+                        _as_matrix(grads[:-1, block - near :]),
+                        out=_as_matrix(nearby),
+                    )
                     back[1:, :near].add_(nearby)
             # sum_t exp(-r_t) [g | -gH]_t per block, [n, c, 2d]
-            row_totals = torch.bmm(blocks.outside.transpose(1, 2), _as_matrix(grads)).view(n, size, 2 * d)
-            if causal:  # later blocks, rescaled from c_i back to c_j: the forward carry transposed
-                carry = decayed_carry(row_totals, _both(shift[part].transpose(0, 1)), lag=1, dim=0, reverse=True,
-                                      loop=True)
+            row_totals = torch.bmm(
+                blocks.outside.transpose(1, 2), _as_matrix(grads)
+            ).view(n, size, 2 * d)
+            # later blocks, rescaled from c_i back to c_j: the forward carry transposed
+            if causal:
+                carry = decayed_carry(
+                    row_totals,
+                    _both(shift[part].transpose(0, 1)),
+                    lag=1,
+                    dim=0,
+                    reverse=True,
+                    loop=True,
+                )
             else:
                 carry = row_totals.sum(dim=0, keepdim=True).expand(n, size, 2 * d)
             back.add_(carry[:, None])
-            weights = terms.reshape(n * block, size, 2 * d)[:length, :, d:]  # exp(K - c), 0 at padding
+            # exp(K - c), 0 at padding
+            weights = terms.reshape(n * block, size, 2 * d)[:length, :, d:]
             # dV = exp(K - c) U ;  dK = exp(K - c) (V U - R)
             grad_v[part] = (weights * flat_back[:length, :, :d]).transpose(0, 1)
-            grad_k[part] = ((v[part].to(acc).transpose(0, 1) * flat_back[:length, :, :d]).add_(flat_back[:length, :, d:])
-                            .mul_(weights).transpose(0, 1))
-            if want_band:  # d loss / d M_tt' = sum over elements and channels of [g | -g H]_t . [a | b]_t'
+            grad_k[part] = (
+                (v[part].to(acc).transpose(0, 1) * flat_back[:length, :, :d])
+                .add_(flat_back[:length, :, d:])
+                .mul_(weights)
+                .transpose(0, 1)
+            )
+            # d loss / d M_tt' = sum over elements and channels of [g | -g H]_t . [a |
+            # b]_t'
+            if want_band:
                 grad_own.baddbmm_(_as_matrix(grads), _as_matrix(terms).transpose(1, 2))
                 if n > 1 and near > 0:
                     scaled = grads[1:, :near]
                     if rescale is not None:
                         scaled = torch.mul(scaled, rescale[1:, None], out=buffers.near)
-                    grad_previous[1:].baddbmm_(_as_matrix(scaled), _as_matrix(terms[:-1, block - near:]).transpose(1, 2))
+                    grad_previous[1:].baddbmm_(
+                        _as_matrix(scaled),
+                        _as_matrix(terms[:-1, block - near :]).transpose(1, 2),
+                    )
                     if not causal:
-                        grad_next[:-1].baddbmm_(_as_matrix(grads[:-1, block - near:]),
-                                                _as_matrix(terms[1:, :near]).transpose(1, 2))
+                        grad_next[:-1].baddbmm_(
+                            _as_matrix(grads[:-1, block - near :]),
+                            _as_matrix(terms[1:, :near]).transpose(1, 2),
+                        )
         grad_band = None
         if want_band:
-            grad_band = _band_gradient(grad_own, grad_previous, grad_next, blocks, length).to(band.dtype)
+            grad_band = _band_gradient(
+                grad_own, grad_previous, grad_next, blocks, length
+            ).to(band.dtype)
         return grad_qkv, grad_band, None, None, None, None, None
 
 
-def _numerator_denominator(buffers: _LocalBuffers, length: int) -> tuple[Tensor, Tensor]:
+def _numerator_denominator(
+    buffers: _LocalBuffers, length: int
+) -> tuple[Tensor, Tensor]:
     """Views of num and den, `[T, c, d]` each, in `buffers.sums`."""
     flat = buffers.sums.flatten(0, 1)  # [n L, c, 2d]
     d = flat.shape[-1] // 2
     return flat[:length, :, :d], flat[:length, :, d:]
 
 
-def _band_gradient(grad_own: Tensor, grad_previous: Tensor, grad_next: Tensor, blocks: _LocalBlocks,
-                   length: int) -> Tensor:
-    """d loss / d band `[T, 2s - 1]` from the gradients of the block matrices: unskew, times exp(w - r)."""
+def _band_gradient(
+    grad_own: Tensor,
+    grad_previous: Tensor,
+    grad_next: Tensor,
+    blocks: _LocalBlocks,
+    length: int,
+) -> Tensor:
+    """d loss / d band `[T, 2s - 1]` from the gradients of the block matrices: unskew,
+    times exp(w - r)."""
     n, block, window = blocks.n_blocks, blocks.block, blocks.window
     near = window - 1
-    wide = grad_own.new_zeros(n, block, 3 * block)  # column i + delta + L, as in `_local_blocks`
+    # column i + delta + L, as in `_local_blocks`
+    wide = grad_own.new_zeros(n, block, 3 * block)
     wide[..., block: 2 * block] = grad_own
     wide[:, :near, block - near: block] = grad_previous
     wide[:, block - near:, 2 * block: 2 * block + near] = grad_next
-    diagonals = unskew(wide, 2 * block + 1)[..., block - window + 1: block + window]  # [n, L, 2s - 1]
+    # [n, L, 2s - 1]
+    diagonals = unskew(wide, 2 * block + 1)[..., block - window + 1: block + window]
     return (diagonals * blocks.slope).reshape(n * block, 2 * window - 1)[:length]
 
 
 @outside_autocast
 def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
                     key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of biases, O(T s d) time:
-    the CPU path.
+    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of
+    biases, O(T s d) time: the CPU path.
 
-    num_t = sum_{t' in N(t)} a_t' + sum_{|t - t'| < s} expm1(w_tt') a_t' (the fast-form identity),
-    the first sum as running totals carried block to block, the second as matmuls per block of
-    L = max(s, 64) queries. Memory beyond the inputs: O(T d) work space for a chunk of the batch.
+    num_t = sum_{t' in N(t)} a_t' + sum_{|t - t'| < s} expm1(w_tt') a_t' (the fast-form
+    identity), the first sum as running totals carried block to block, the second as
+    matmuls per block of L = max(s, 64) queries. Memory beyond the inputs: O(T d) work
+    space for a chunk of the batch.
     """
     length, d = qkv.shape[1], qkv.shape[2] // 3
     if length == 0:  # no positions: an empty output
@@ -687,24 +1024,76 @@ def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
             keys = keys.masked_fill(key_padding_mask[:, :, None], float("-inf"))
         shift, rise = key_shifts(keys, block, causal, acc, from_the_past=True)
     if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:
-        # Keys rising by more than 60 within one block: float32 has no room for e^rise, use float64.
-        return aft_local_chunked(qkv.double(), band.double(), window, causal, key_padding_mask).to(qkv.dtype)
-    return _AFTLocalFunction.apply(qkv, band, shift, window, block, causal, key_padding_mask)
+        # Keys rising by more than 60 within one block: float32 has no room for e^rise,
+        # use float64.
+        return aft_local_chunked(
+            qkv.double(), band.double(), window, causal, key_padding_mask
+        ).to(qkv.dtype)
+    return _AFTLocalFunction.apply(
+        qkv, band, shift, window, block, causal, key_padding_mask
+    )
 
-# %% ../notebooks/08_aft_kernels.ipynb #37e6eecf
-def band_kernel(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
-                key_padding_mask: Tensor | None) -> Tensor:
-    """`chunked_band`'s sums (AFT-local, AFT-conv, AFT-simple; band `[G, T, 2s - 1]`) by the selected
-    kernel: the fused Triton kernels of Appendix C for `triton`, `chunked_band` otherwise."""
-    if selected_aft_kernel(q.device) == "triton":
-        from aftalibi.aft_triton import triton_band  # Appendix C builds on this module, hence imported here
-        return triton_band(q, k, v, band, window, causal, key_padding_mask)
-    return chunked_band(q, k, v, band, window, causal, key_padding_mask)
+# %% ../notebooks/08_aft_kernels.ipynb #c86c889f
+@outside_autocast
+def chunked_full(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w: Tensor,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+    *,
+    from_the_past: bool = False,
+) -> Tensor:
+    r"""AFT-full on `[B, T, d]` projections and its bias `w` `[T, T]`: the paper's
+    :math:`e^{w} (e^{K} \odot V)` and :math:`e^{w} e^{K}`, stably.
+
+    Rows are shifted by their largest bias r_t, keys by a shift c: bidirectional, one
+    max over all keys; causal, queries in blocks of L, each with its shift from
+    `key_shifts` (`from_the_past` as there), so that keys rising along time never
+    underflow an earlier block (the keys are then exponentiated once per query block:
+    `[n, T, B, d]`, n <= 16).
+    """
+    length = q.shape[1]
+    if length == 0:
+        return q * 0.0
+    acc = accumulation_dtype(q.dtype)
+    keys = k.to(acc)
+    if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
+        keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
+    block = max(64, -(-length // 16)) if causal else length  # L
+    shift, rise = key_shifts(keys, block, causal, acc, from_the_past=from_the_past)
+    # from the past only
+    if causal and acc == torch.float32 and rise > SHIFT_HEADROOM[acc]:
+        return chunked_full(q.double(), k.double(), v.double(), w.double(), causal,
+                            key_padding_mask, from_the_past=True).to(q.dtype)
+    shift = shift.transpose(0, 1)[:, None]  # [n, 1, B, d]
+    # autograd keeps the inputs only
+    return recompute_in_backward(_full_in_blocks, q, keys, v, w, shift, causal, block)
 
 
-def aft_local_kernel(qkv: Tensor, band: Tensor, window: int, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T, 2s - 1]`, by the selected kernel."""
-    if selected_aft_kernel(qkv.device) == "cpu-chunked":
-        return aft_local_chunked(qkv, band, window, causal, key_padding_mask)
-    q, k, v = qkv.chunk(3, dim=-1)
-    return band_kernel(q, k, v, band[None], window, causal, key_padding_mask)
+def _full_in_blocks(q: Tensor, keys: Tensor, v: Tensor, w: Tensor, shift: Tensor,
+                    causal: bool, block: int) -> Tensor:
+    """The body of `chunked_full`, given the keys (-inf at padding), shifts `[n, 1, B,
+    d]`."""
+    batch, length, d = q.shape
+    n_blocks, acc = shift.shape[0], shift.dtype
+    allowed = torch.ones(length, length, dtype=torch.bool, device=q.device)
+    if causal:
+        allowed = allowed.tril()
+    w = w.to(acc)
+    row_shift = row_shifts(w, allowed, far=False)  # r_t
+    exp_w = torch.exp(w.masked_fill(~allowed, float("-inf")) - row_shift)  # [T, T]
+    # e^{K - c_j} for query block j; a key after the block may exceed the head-room, but
+    # meets e^{-inf} = 0 in exp_w
+    weights = torch.exp((keys.transpose(0, 1) - shift).clamp_max(SHIFT_HEADROOM[acc]))
+    # [n, T, B, 2d]
+    terms = torch.cat([weights * v.to(acc).transpose(0, 1), weights], dim=-1)
+    exp_w = F.pad(exp_w, (0, 0, 0, n_blocks * block - length)).view(
+        n_blocks, block, length
+    )
+    # [n, L, B, 2d]
+    sums = (exp_w @ terms.flatten(-2)).view(n_blocks, block, batch, 2 * d)
+    num, den = sums.split(d, dim=-1)
+    mixed = from_blocks(ratio(num, den)[None], length)  # [B, T, d]
+    return (torch.sigmoid(q.to(acc)) * mixed).to(q.dtype)

@@ -12,34 +12,53 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .aft_kernels import (accumulation_dtype, band_entries, crop_band, decayed_carry, far_keys, key_shifts,
-                                  outside_autocast, row_shifts)
+from .aft_kernels import (accumulation_dtype, band_entries, crop_band,
+                                  decayed_carry, far_keys, key_shifts, outside_autocast,
+                                  row_shifts)
 
-try:  # optional: installed with the CUDA builds of torch on Linux, or `pip install "aftalibi[triton]"`
+# optional: installed with the CUDA builds of torch on Linux, or `pip install
+# "aftalibi[triton]"`
+try:
     import triton
     import triton.language as tl
 except ImportError:
     triton = tl = None
 
 TRITON_AVAILABLE = triton is not None
-# Triton reads TRITON_INTERPRET when it defines a kernel: set, the kernels below run on CPU tensors.
+# Triton reads TRITON_INTERPRET when it defines a kernel: set, the kernels below run on
+# CPU tensors.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 BLOCK = 64  # L: the queries of one program, and the keys of one step of its loop
-# How both kernels launch ("Fitting every GPU", below): 8 warps share a program's tiles, so that few
-# registers spill; one stage (no loads of the next keys in flight) fits the shared memory of every
-# GPU from a T4 to an H100, where Triton's default of 3 does not fit an A10, L4 or RTX card; and on
-# NVIDIA GPUs a thread may use all 255 registers, which the assembler does not always give unasked.
-LAUNCH = dict(num_warps=8, num_stages=1) | (dict(maxnreg=255) if torch.version.hip is None else {})
+# How both kernels launch ("Fitting every GPU", below): 8 warps share a program's tiles,
+# so that few registers spill; one stage (no loads of the next keys in flight) fits the
+# shared memory of every GPU from a T4 to an H100, where Triton's default of 3 does not
+# fit an A10, L4 or RTX card; and on NVIDIA GPUs a thread may use all 255 registers,
+# which the assembler does not always give unasked.
+LAUNCH = dict(num_warps=8, num_stages=1) | (
+    dict(maxnreg=255) if torch.version.hip is None else {}
+)
 
 # %% ../notebooks/10_aft_triton.ipynb #c0000007
 if TRITON_AVAILABLE:
 
     @triton.jit
-    def _pair_weights(bias, rows, cols, row_shift, outside, length, window, stride_bias_t, stride_bias_w,
-                      CAUSAL: tl.constexpr, FULL: tl.constexpr):
-        """M `[L, L]` of queries `rows` against keys `cols`: e^{w - r_t} inside the window (AFT-full: every
-        pair), `outside` = e^{-r_t} outside it, 0 for no pair (past the sequence; causal: a key after its
-        query). Also whether each pair is inside the window, where the bias gets a gradient."""
+    def _pair_weights(
+        bias,
+        rows,
+        cols,
+        row_shift,
+        outside,
+        length,
+        window,
+        stride_bias_t,
+        stride_bias_w,
+        CAUSAL: tl.constexpr,
+        FULL: tl.constexpr,
+    ):
+        """M `[L, L]` of queries `rows` against keys `cols`: e^{w - r_t} inside the
+        window (AFT-full: every pair), `outside` = e^{-r_t} outside it, 0 for no pair
+        (past the sequence; causal: a key after its query). Also whether each pair is
+        inside the window, where the bias gets a gradient."""
         delta = cols[None, :] - rows[:, None]  # t' - t
         allowed = (rows < length)[:, None] & (cols < length)[None, :]
         if CAUSAL:
@@ -49,64 +68,143 @@ if TRITON_AVAILABLE:
             offsets = rows[:, None] * stride_bias_t + cols[None, :] * stride_bias_w
         else:  # the band `[T, 2s - 1]`, entry (t, t' - t + s - 1)
             inside = allowed & (delta < window) & (delta > -window)
-            offsets = rows[:, None] * stride_bias_t + (delta + window - 1) * stride_bias_w
-        w = tl.load(bias + offsets, mask=inside, other=float("-inf")).to(row_shift.dtype)  # e^{-inf - r} = 0
-        weights = tl.where(inside, tl.exp(w - row_shift[:, None]), tl.where(allowed, outside[:, None], 0.0))
+            offsets = (
+                rows[:, None] * stride_bias_t + (delta + window - 1) * stride_bias_w
+            )
+        w = tl.load(bias + offsets, mask=inside, other=float("-inf")).to(
+            row_shift.dtype
+        )  # e^{-inf - r} = 0
+        weights = tl.where(
+            inside,
+            tl.exp(w - row_shift[:, None]),
+            tl.where(allowed, outside[:, None], 0.0),
+        )
         return weights, inside
 
     @triton.jit
     def _mix(weights, x, LOW: tl.constexpr, DOT_DTYPE: tl.constexpr):
-        """`weights @ x` in the accumulation type; `LOW`: the operands rounded to DOT_DTYPE (bf16) first,
-        for the tensor cores. Otherwise exact products (no TF32)."""
+        """`weights @ x` in the accumulation type; `LOW`: the operands rounded to
+        DOT_DTYPE (bf16) first, for the tensor cores. Otherwise exact products (no
+        TF32)."""
         if LOW:
             return tl.dot(weights.to(DOT_DTYPE), x.to(DOT_DTYPE))
         return tl.dot(weights, x, input_precision="ieee")
 
     @triton.jit
     def _tile(tile, group_channels, C: tl.constexpr):
-        """The channels `[C]` of program tile `tile`, which lies inside one group, its group, and
-        which channels are real (a group's width need not be a multiple of C)."""
+        """The channels `[C]` of program tile `tile`, which lies inside one group, its
+        group, and which channels are real (a group's width need not be a multiple of
+        C)."""
         tiles_per_group = tl.cdiv(group_channels, C)
         group = tile // tiles_per_group
         in_group = (tile % tiles_per_group) * C + tl.arange(0, C)
         return group * group_channels + in_group, group, in_group < group_channels
 
     @triton.jit
-    def _forward_kernel(q, k, v, bias, row_shifts, outside_weights, shifts, carries, out, ratio_out, den_out,
-                        length, channels, group_channels, key_ratio, window, reach, n_blocks,
-                        stride_b, stride_t, stride_kb, stride_kt, stride_bias_g, stride_bias_t, stride_bias_w,
-                        CAUSAL: tl.constexpr, FULL: tl.constexpr, SAVE: tl.constexpr, LOW: tl.constexpr,
-                        DOT_DTYPE: tl.constexpr, L: tl.constexpr, C: tl.constexpr):
-        """Program (query block j, batch element, channel tile): Y for L queries and C channels."""
+    def _forward_kernel(
+        q,
+        k,
+        v,
+        bias,
+        row_shifts,
+        outside_weights,
+        shifts,
+        carries,
+        out,
+        ratio_out,
+        den_out,
+        length,
+        channels,
+        group_channels,
+        key_ratio,
+        window,
+        reach,
+        n_blocks,
+        stride_b,
+        stride_t,
+        stride_kb,
+        stride_kt,
+        stride_bias_g,
+        stride_bias_t,
+        stride_bias_w,
+        CAUSAL: tl.constexpr,
+        FULL: tl.constexpr,
+        SAVE: tl.constexpr,
+        LOW: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
+        L: tl.constexpr,
+        C: tl.constexpr,
+    ):
+        """Program (query block j, batch element, channel tile): Y for L queries and C
+        channels."""
         block, batch, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         channel, group, channel_ok = _tile(tile, group_channels, C)
         key_channel = channel // key_ratio  # AFT-conv: the head's one key channel
         rows = block * L + tl.arange(0, L)
         bias += group * stride_bias_g
-        row_shift = tl.load(row_shifts + group * length + rows, mask=rows < length, other=0.0)
-        outside = tl.load(outside_weights + group * length + rows, mask=rows < length, other=0.0)
-        shift = tl.load(shifts + (batch * n_blocks + block) * channels + channel, mask=channel_ok, other=0.0)
+        row_shift = tl.load(
+            row_shifts + group * length + rows, mask=rows < length, other=0.0
+        )
+        outside = tl.load(
+            outside_weights + group * length + rows, mask=rows < length, other=0.0
+        )
+        shift = tl.load(
+            shifts + (batch * n_blocks + block) * channels + channel,
+            mask=channel_ok,
+            other=0.0,
+        )
         num = tl.zeros((L, C), dtype=row_shift.dtype)
         den = tl.zeros((L, C), dtype=row_shift.dtype)
         last = block if CAUSAL else tl.minimum(block + reach, n_blocks - 1)
         for key_block in range(tl.maximum(block - reach, 0), last + 1):
             cols = key_block * L + tl.arange(0, L)
             ok = (cols < length)[:, None] & channel_ok[None, :]
-            keys = tl.load(k + batch * stride_kb + cols[:, None] * stride_kt + key_channel[None, :], mask=ok,
-                           other=float("-inf")).to(row_shift.dtype)  # padding arrives as -inf: e^{-inf} = 0
-            values = tl.load(v + batch * stride_b + cols[:, None] * stride_t + channel[None, :], mask=ok,
-                             other=0.0).to(row_shift.dtype)
+            keys = tl.load(
+                k
+                + batch * stride_kb
+                + cols[:, None] * stride_kt
+                + key_channel[None, :],
+                mask=ok,
+                # padding arrives as -inf: e^{-inf} = 0
+                other=float("-inf"),
+            ).to(row_shift.dtype)
+            values = tl.load(
+                v + batch * stride_b + cols[:, None] * stride_t + channel[None, :],
+                mask=ok,
+                other=0.0,
+            ).to(row_shift.dtype)
             b = tl.exp(keys - shift[None, :])
-            weights, _ = _pair_weights(bias, rows, cols, row_shift, outside, length, window, stride_bias_t,
-                                       stride_bias_w, CAUSAL, FULL)
+            weights, _ = _pair_weights(
+                bias,
+                rows,
+                cols,
+                row_shift,
+                outside,
+                length,
+                window,
+                stride_bias_t,
+                stride_bias_w,
+                CAUSAL,
+                FULL,
+            )
             num += _mix(weights, b * values, LOW, DOT_DTYPE)
             den += _mix(weights, b, LOW, DOT_DTYPE)
-        if not FULL:  # every key beyond the reach, with weight e^{-r_t}: the carried totals
+        # every key beyond the reach, with weight e^{-r_t}: the carried totals
+        if not FULL:
             carried = carries + (batch * n_blocks + block) * 2 * channels
-            num += outside[:, None] * tl.load(carried + channel, mask=channel_ok, other=0.0)[None, :]
-            den += outside[:, None] * tl.load(carried + channels + channel, mask=channel_ok, other=0.0)[None, :]
+            num += (
+                outside[:, None]
+                * tl.load(carried + channel, mask=channel_ok, other=0.0)[None, :]
+            )
+            den += (
+                outside[:, None]
+                * tl.load(carried + channels + channel, mask=channel_ok, other=0.0)[
+                    None, :
+                ]
+            )
         ok = (rows < length)[:, None] & channel_ok[None, :]
-        ratio = tl.where(den > 0, num / tl.where(den > 0, den, 1.0), 0.0)  # no key at all (padding): 0
+        # no key at all (padding): 0
+        ratio = tl.where(den > 0, num / tl.where(den > 0, den, 1.0), 0.0)
         offsets = batch * stride_b + rows[:, None] * stride_t + channel[None, :]
         gate = tl.sigmoid(tl.load(q + offsets, mask=ok, other=0.0).to(row_shift.dtype))
         tl.store(out + offsets, (gate * ratio).to(out.dtype.element_ty), mask=ok)
@@ -119,24 +217,61 @@ if TRITON_AVAILABLE:
 if TRITON_AVAILABLE:
 
     @triton.jit
-    def _backward_kernel(k, v, bias, row_shifts, outside_weights, shifts, reverse_carries, grad_num, grad_den,
-                         grad_k, grad_v, grad_bias, length, channels, group_channels, key_ratio, window, reach,
-                         n_blocks,
-                         stride_b, stride_t, stride_kb, stride_kt, stride_bias_g, stride_bias_t, stride_bias_w,
-                         stride_grad_bias_g, stride_grad_bias_t,
-                         CAUSAL: tl.constexpr, FULL: tl.constexpr, BIAS_GRAD: tl.constexpr, LOW: tl.constexpr,
-                         DOT_DTYPE: tl.constexpr, L: tl.constexpr, C: tl.constexpr):
-        """Program (key block i, batch element, channel tile): dK (per channel) and dV for L keys, and
-        the bias gradient of every pair the block's keys take part in."""
+    def _backward_kernel(
+        k,
+        v,
+        bias,
+        row_shifts,
+        outside_weights,
+        shifts,
+        reverse_carries,
+        grad_num,
+        grad_den,
+        grad_k,
+        grad_v,
+        grad_bias,
+        length,
+        channels,
+        group_channels,
+        key_ratio,
+        window,
+        reach,
+        n_blocks,
+        stride_b,
+        stride_t,
+        stride_kb,
+        stride_kt,
+        stride_bias_g,
+        stride_bias_t,
+        stride_bias_w,
+        stride_grad_bias_g,
+        stride_grad_bias_t,
+        CAUSAL: tl.constexpr,
+        FULL: tl.constexpr,
+        BIAS_GRAD: tl.constexpr,
+        LOW: tl.constexpr,
+        DOT_DTYPE: tl.constexpr,
+        L: tl.constexpr,
+        C: tl.constexpr,
+    ):
+        """Program (key block i, batch element, channel tile): dK (per channel) and dV
+        for L keys, and the bias gradient of every pair the block's keys take part
+        in."""
         block, batch, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         channel, group, channel_ok = _tile(tile, group_channels, C)
         key_channel = channel // key_ratio
         cols = block * L + tl.arange(0, L)
         ok = (cols < length)[:, None] & channel_ok[None, :]
-        keys = tl.load(k + batch * stride_kb + cols[:, None] * stride_kt + key_channel[None, :], mask=ok,
-                       other=float("-inf"))
-        values = tl.load(v + batch * stride_b + cols[:, None] * stride_t + channel[None, :], mask=ok,
-                         other=0.0).to(keys.dtype)
+        keys = tl.load(
+            k + batch * stride_kb + cols[:, None] * stride_kt + key_channel[None, :],
+            mask=ok,
+            other=float("-inf"),
+        )
+        values = tl.load(
+            v + batch * stride_b + cols[:, None] * stride_t + channel[None, :],
+            mask=ok,
+            other=0.0,
+        ).to(keys.dtype)
         bias += group * stride_bias_g
         grad_bias += group * stride_grad_bias_g
         to_num = tl.zeros((L, C), dtype=keys.dtype)  # U
@@ -144,13 +279,31 @@ if TRITON_AVAILABLE:
         first = block if CAUSAL else tl.maximum(block - reach, 0)
         for query_block in range(first, tl.minimum(block + reach, n_blocks - 1) + 1):
             rows = query_block * L + tl.arange(0, L)
-            row_shift = tl.load(row_shifts + group * length + rows, mask=rows < length, other=0.0)
-            outside = tl.load(outside_weights + group * length + rows, mask=rows < length, other=0.0)
-            shift = tl.load(shifts + (batch * n_blocks + query_block) * channels + channel, mask=channel_ok,
-                            other=0.0)
+            row_shift = tl.load(
+                row_shifts + group * length + rows, mask=rows < length, other=0.0
+            )
+            outside = tl.load(
+                outside_weights + group * length + rows, mask=rows < length, other=0.0
+            )
+            shift = tl.load(
+                shifts + (batch * n_blocks + query_block) * channels + channel,
+                mask=channel_ok,
+                other=0.0,
+            )
             b = tl.exp(keys - shift[None, :])  # e^{K - c_j}, at the query block's shift
-            weights, inside = _pair_weights(bias, rows, cols, row_shift, outside, length, window, stride_bias_t,
-                                            stride_bias_w, CAUSAL, FULL)
+            weights, inside = _pair_weights(
+                bias,
+                rows,
+                cols,
+                row_shift,
+                outside,
+                length,
+                window,
+                stride_bias_t,
+                stride_bias_w,
+                CAUSAL,
+                FULL,
+            )
             saved = (batch * length + rows[:, None]) * channels + channel[None, :]
             row_ok = (rows < length)[:, None] & channel_ok[None, :]
             g_num = tl.load(grad_num + saved, mask=row_ok, other=0.0)
@@ -158,21 +311,40 @@ if TRITON_AVAILABLE:
             transposed = tl.trans(weights)
             to_num += b * _mix(transposed, g_num, LOW, DOT_DTYPE)
             to_den += b * _mix(transposed, g_den, LOW, DOT_DTYPE)
-            if BIAS_GRAD:  # sum over the tile's channels of g_num a + g_den b, for each pair (t, t')
+            # sum over the tile's channels of g_num a + g_den b, for each pair (t, t')
+            if BIAS_GRAD:
                 pairs = tl.dot(g_num, tl.trans(b * values), input_precision="ieee")
                 pairs += tl.dot(g_den, tl.trans(b), input_precision="ieee")
                 if FULL:
-                    target = grad_bias + rows[:, None] * stride_grad_bias_t + cols[None, :]
+                    target = (
+                        grad_bias + rows[:, None] * stride_grad_bias_t + cols[None, :]
+                    )
                 else:
                     delta = cols[None, :] - rows[:, None]
-                    target = grad_bias + rows[:, None] * stride_grad_bias_t + (delta + window - 1)
+                    target = (
+                        grad_bias
+                        + rows[:, None] * stride_grad_bias_t
+                        + (delta + window - 1)
+                    )
                 tl.atomic_add(target, weights * pairs, mask=inside)
-        if not FULL:  # the queries beyond the reach: the reverse carry, at this block's shift c_i
-            shift = tl.load(shifts + (batch * n_blocks + block) * channels + channel, mask=channel_ok, other=0.0)
+        # the queries beyond the reach: the reverse carry, at this block's shift c_i
+        if not FULL:
+            shift = tl.load(
+                shifts + (batch * n_blocks + block) * channels + channel,
+                mask=channel_ok,
+                other=0.0,
+            )
             b = tl.exp(keys - shift[None, :])
             carried = reverse_carries + (batch * n_blocks + block) * 2 * channels
-            to_num += b * tl.load(carried + channel, mask=channel_ok, other=0.0)[None, :]
-            to_den += b * tl.load(carried + channels + channel, mask=channel_ok, other=0.0)[None, :]
+            to_num += (
+                b * tl.load(carried + channel, mask=channel_ok, other=0.0)[None, :]
+            )
+            to_den += (
+                b
+                * tl.load(carried + channels + channel, mask=channel_ok, other=0.0)[
+                    None, :
+                ]
+            )
         offsets = (batch * length + cols[:, None]) * channels + channel[None, :]
         tl.store(grad_v + offsets, to_num, mask=ok)
         tl.store(grad_k + offsets, values * to_num + to_den, mask=ok)
@@ -181,32 +353,76 @@ if TRITON_AVAILABLE:
 if TRITON_AVAILABLE:
 
     @triton.jit
-    def _block_totals_kernel(k, v, shifts, totals, length, channels, group_channels, key_ratio, n_blocks,
-                             stride_b, stride_t, stride_kb, stride_kt, L: tl.constexpr, C: tl.constexpr):
-        """Program (block i, batch element, channel tile): S_i = sum over the block's keys of
-        e^{K - c_i} [V | 1], into `totals` `[B, n, 2d]`."""
+    def _block_totals_kernel(
+        k,
+        v,
+        shifts,
+        totals,
+        length,
+        channels,
+        group_channels,
+        key_ratio,
+        n_blocks,
+        stride_b,
+        stride_t,
+        stride_kb,
+        stride_kt,
+        L: tl.constexpr,
+        C: tl.constexpr,
+    ):
+        """Program (block i, batch element, channel tile): S_i = sum over the block's
+        keys of e^{K - c_i} [V | 1], into `totals` `[B, n, 2d]`."""
         block, batch, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         channel, _, channel_ok = _tile(tile, group_channels, C)
         cols = block * L + tl.arange(0, L)
         ok = (cols < length)[:, None] & channel_ok[None, :]
-        keys = tl.load(k + batch * stride_kb + cols[:, None] * stride_kt + (channel // key_ratio)[None, :], mask=ok,
-                       other=float("-inf"))  # in the accumulation type; padding arrives as -inf: e^{-inf} = 0
-        values = tl.load(v + batch * stride_b + cols[:, None] * stride_t + channel[None, :], mask=ok,
-                         other=0.0).to(keys.dtype)
-        shift = tl.load(shifts + (batch * n_blocks + block) * channels + channel, mask=channel_ok, other=0.0)
+        keys = tl.load(
+            k
+            + batch * stride_kb
+            + cols[:, None] * stride_kt
+            + (channel // key_ratio)[None, :],
+            mask=ok,
+            # in the accumulation type; padding arrives as -inf: e^{-inf} = 0
+            other=float("-inf"),
+        )
+        values = tl.load(
+            v + batch * stride_b + cols[:, None] * stride_t + channel[None, :],
+            mask=ok,
+            other=0.0,
+        ).to(keys.dtype)
+        shift = tl.load(
+            shifts + (batch * n_blocks + block) * channels + channel,
+            mask=channel_ok,
+            other=0.0,
+        )
         b = tl.exp(keys - shift[None, :])
         total = totals + (batch * n_blocks + block) * 2 * channels
         tl.store(total + channel, tl.sum(b * values, axis=0), mask=channel_ok)
         tl.store(total + channels + channel, tl.sum(b, axis=0), mask=channel_ok)
 
     @triton.jit
-    def _output_gradients_kernel(q, grad_out, ratio, den, outside_weights, grad_q, grad_num, grad_den, row_totals,
-                                 length, channels, group_channels, n_blocks,
-                                 FULL: tl.constexpr, L: tl.constexpr, C: tl.constexpr):
-        """Program (block j, batch element, channel tile), from G (`grad_out`) and the saved H and den,
-        all `[B, T, d]` contiguous: dQ = G H sigma'(Q), g_num = G sigma(Q) / den (0 where den = 0),
-        g_den = -g_num H, and (not `FULL`) the block's row totals sum_t e^{-r_t} [g_num | g_den]_t
-        into `row_totals` `[B, n, 2d]`."""
+    def _output_gradients_kernel(
+        q,
+        grad_out,
+        ratio,
+        den,
+        outside_weights,
+        grad_q,
+        grad_num,
+        grad_den,
+        row_totals,
+        length,
+        channels,
+        group_channels,
+        n_blocks,
+        FULL: tl.constexpr,
+        L: tl.constexpr,
+        C: tl.constexpr,
+    ):
+        """Program (block j, batch element, channel tile), from G (`grad_out`) and the
+        saved H and den, all `[B, T, d]` contiguous: dQ = G H sigma'(Q), g_num = G
+        sigma(Q) / den (0 where den = 0), g_den = -g_num H, and (not `FULL`) the block's
+        row totals sum_t e^{-r_t} [g_num | g_den]_t into `row_totals` `[B, n, 2d]`."""
         block, batch, tile = tl.program_id(0), tl.program_id(1), tl.program_id(2)
         channel, group, channel_ok = _tile(tile, group_channels, C)
         rows = block * L + tl.arange(0, L)
@@ -216,174 +432,381 @@ if TRITON_AVAILABLE:
         total = tl.load(den + offsets, mask=ok, other=0.0)
         gate = tl.sigmoid(tl.load(q + offsets, mask=ok, other=0.0).to(h.dtype))
         upstream = tl.load(grad_out + offsets, mask=ok, other=0.0).to(h.dtype)
-        tl.store(grad_q + offsets, (upstream * h * gate * (1 - gate)).to(grad_q.dtype.element_ty), mask=ok)
-        to_num = tl.where(total > 0, upstream * gate / tl.where(total > 0, total, 1.0), 0.0)  # no key: 0
+        tl.store(
+            grad_q + offsets,
+            (upstream * h * gate * (1 - gate)).to(grad_q.dtype.element_ty),
+            mask=ok,
+        )
+        to_num = tl.where(
+            total > 0, upstream * gate / tl.where(total > 0, total, 1.0), 0.0
+        )  # no key: 0
         to_den = -to_num * h
         tl.store(grad_num + offsets, to_num, mask=ok)
         tl.store(grad_den + offsets, to_den, mask=ok)
         if not FULL:
-            outside = tl.load(outside_weights + group * length + rows, mask=rows < length, other=0.0)
+            outside = tl.load(
+                outside_weights + group * length + rows, mask=rows < length, other=0.0
+            )
             row_total = row_totals + (batch * n_blocks + block) * 2 * channels
-            tl.store(row_total + channel, tl.sum(outside[:, None] * to_num, axis=0), mask=channel_ok)
-            tl.store(row_total + channels + channel, tl.sum(outside[:, None] * to_den, axis=0), mask=channel_ok)
-
+            tl.store(
+                row_total + channel,
+                tl.sum(outside[:, None] * to_num, axis=0),
+                mask=channel_ok,
+            )
+            tl.store(
+                row_total + channels + channel,
+                tl.sum(outside[:, None] * to_den, axis=0),
+                mask=channel_ok,
+            )
 
 # %% ../notebooks/10_aft_triton.ipynb #c000000b
 def _dot_dtype(tensor: Tensor):
-    """The type `tl.dot` multiplies in for inputs like `tensor`, and whether it is lower than the
-    accumulation's: bf16 on a GPU, else the accumulation type itself (unused)."""
+    """The type `tl.dot` multiplies in for inputs like `tensor`, and whether it is lower
+    than the accumulation's: bf16 on a GPU, else the accumulation type itself
+    (unused)."""
     if tensor.dtype == torch.bfloat16 and tensor.device.type != "cpu":
         return tl.bfloat16, True
     return tl.float32, False
 
 
 def _channel_tile(group_channels: int) -> int:
-    """C: a power of two from 16 (the least `tl.dot` takes) to 64, no wider than the group needs."""
+    """C: a power of two from 16 (the least `tl.dot` takes) to 64, no wider than the
+    group needs."""
     return min(64, max(16, triton.next_power_of_2(group_channels)))
 
 
 def _row_shifts(bias: Tensor, window: int, length: int, causal: bool, full: bool,
                 acc: torch.dtype) -> tuple[Tensor, Tensor]:
-    """r_t and e^{-r_t}, the weight of a key outside the window, `[G, T]` each: r_t is the largest bias
-    among each query's pairs, and at least 0 for a query with keys outside the window (`row_shifts`);
-    a query with none (AFT-full: every query) gets weight 0 there, not e^{-r_t}, which may overflow."""
+    """r_t and e^{-r_t}, the weight of a key outside the window, `[G, T]` each: r_t is
+    the largest bias among each query's pairs, and at least 0 for a query with keys
+    outside the window (`row_shifts`); a query with none (AFT-full: every query) gets
+    weight 0 there, not e^{-r_t}, which may overflow."""
     with torch.no_grad():
         positions = torch.arange(length, device=bias.device)
         if full:
             allowed = torch.ones(length, length, dtype=torch.bool, device=bias.device)
-            row_shift = row_shifts(bias.to(acc), allowed.tril() if causal else allowed, far=False)[..., 0]
+            row_shift = row_shifts(
+                bias.to(acc), allowed.tril() if causal else allowed, far=False
+            )[..., 0]
             return row_shift, torch.zeros_like(row_shift)
-        valid = band_entries(1, length, window, length, causal, bias.device)[0]  # [T, 2s - 1]
+        # [T, 2s - 1]
+        valid = band_entries(1, length, window, length, causal, bias.device)[0]
         far = far_keys(positions, window, length, causal)
         row_shift = row_shifts(bias.to(acc), valid, far[:, None])[..., 0]
         return row_shift, torch.where(far, torch.exp(-row_shift), 0.0)
 
 
-def _carry(totals: Tensor, shift: Tensor, lag: int, causal: bool, reverse: bool) -> Tensor:
-    """The totals `[B, n, 2d]` of the blocks at least `lag` away, carried to each block: causal, the
-    earlier blocks rescaled from their shift to its shift (`reverse`: the later ones, the transposed
-    map); bidirectional (one shift for all blocks), the blocks on both sides."""
+def _carry(
+    totals: Tensor, shift: Tensor, lag: int, causal: bool, reverse: bool
+) -> Tensor:
+    """The totals `[B, n, 2d]` of the blocks at least `lag` away, carried to each block:
+    causal, the earlier blocks rescaled from their shift to its shift (`reverse`: the
+    later ones, the transposed map); bidirectional (one shift for all blocks), the
+    blocks on both sides."""
     if causal:
         return decayed_carry(totals, shift, lag, dim=1, reverse=reverse)
     n_blocks = totals.shape[1]
     before = F.pad(totals.cumsum(1), (0, 0, lag, 0))[:, :n_blocks]  # sum_{i <= j - lag}
-    after = F.pad(totals.flip(1).cumsum(1), (0, 0, lag, 0))[:, :n_blocks].flip(1)  # sum_{i >= j + lag}
+    # sum_{i >= j + lag}
+    after = F.pad(totals.flip(1).cumsum(1), (0, 0, lag, 0))[:, :n_blocks].flip(1)
     return before + after
 
 
-def _launch_shape(batch: int, length: int, channels: int, groups: int) -> tuple[int, tuple[int, int, int]]:
-    """The channel tile C and the grid: (blocks of L positions, batch, channel tiles of every group)."""
+def _launch_shape(
+    batch: int, length: int, channels: int, groups: int
+) -> tuple[int, tuple[int, int, int]]:
+    """The channel tile C and the grid: (blocks of L positions, batch, channel tiles of
+    every group)."""
     group_channels = channels // groups
     tile = _channel_tile(group_channels)
-    return tile, (triton.cdiv(length, BLOCK), batch, groups * triton.cdiv(group_channels, tile))
+    return tile, (
+        triton.cdiv(length, BLOCK),
+        batch,
+        groups * triton.cdiv(group_channels, tile),
+    )
 
 
-# The two launches are custom operators: torch.compile sees an opaque call with known output shapes
-# and traces everything around it into one graph, on a GPU and in the interpreter alike. Their names
-# carry the module's, so that this notebook and the package exported from it can share a process.
+# The two launches are custom operators: torch.compile sees an opaque call with known
+# output shapes and traces everything around it into one graph, on a GPU and in the
+# interpreter alike. Their names carry the module's, so that this notebook and the
+# package exported from it can share a process.
 _OPERATOR = f"aftalibi::{__name__.replace('.', '_')}"
 
 
 @torch.library.custom_op(f"{_OPERATOR}_forward", mutates_args=())
-def _forward(q: Tensor, keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, outside: Tensor, shift: Tensor,
-             carry: Tensor,
-             key_ratio: int, window: int, reach: int, causal: bool, full: bool, save: bool
-             ) -> tuple[Tensor, Tensor, Tensor]:
-    """Y, and for the backward pass (`save`) H and den in the accumulation type (else empty)."""
+def _forward(
+    q: Tensor,
+    keys: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    row_shift: Tensor,
+    outside: Tensor,
+    shift: Tensor,
+    carry: Tensor,
+    key_ratio: int,
+    window: int,
+    reach: int,
+    causal: bool,
+    full: bool,
+    save: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Y, and for the backward pass (`save`) H and den in the accumulation type (else
+    empty)."""
     batch, length, channels = q.shape
     out = torch.empty_like(q)
-    ratio = torch.empty(batch, length, channels, dtype=keys.dtype, device=q.device) if save else q.new_empty(0)
+    ratio = (
+        torch.empty(batch, length, channels, dtype=keys.dtype, device=q.device)
+        if save
+        else q.new_empty(0)
+    )
     den = torch.empty_like(ratio)
     tile, grid = _launch_shape(batch, length, channels, bias.shape[0])
     dot_dtype, low = _dot_dtype(q)
     _forward_kernel[grid](
-        q, keys, v, bias, row_shift, outside, shift, carry, out, ratio, den,
-        length, channels, channels // bias.shape[0], key_ratio, window, reach, grid[0],
-        q.stride(0), q.stride(1), keys.stride(0), keys.stride(1), *bias.stride(),
-        CAUSAL=causal, FULL=full, SAVE=save, LOW=low, DOT_DTYPE=dot_dtype, L=BLOCK, C=tile, **LAUNCH)
+        q,
+        keys,
+        v,
+        bias,
+        row_shift,
+        outside,
+        shift,
+        carry,
+        out,
+        ratio,
+        den,
+        length,
+        channels,
+        channels // bias.shape[0],
+        key_ratio,
+        window,
+        reach,
+        grid[0],
+        q.stride(0),
+        q.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        *bias.stride(),
+        CAUSAL=causal,
+        FULL=full,
+        SAVE=save,
+        LOW=low,
+        DOT_DTYPE=dot_dtype,
+        L=BLOCK,
+        C=tile,
+        **LAUNCH,
+    )
     return out, ratio, den
 
 
 @_forward.register_fake
-def _(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, reach, causal, full, save):
+def _(
+    q,
+    keys,
+    v,
+    bias,
+    row_shift,
+    outside,
+    shift,
+    carry,
+    key_ratio,
+    window,
+    reach,
+    causal,
+    full,
+    save,
+):
     saved = q.new_empty(q.shape, dtype=keys.dtype) if save else q.new_empty(0)
     return torch.empty_like(q), saved, torch.empty_like(saved)
 
 
 @torch.library.custom_op(f"{_OPERATOR}_block_totals", mutates_args=())
 def _block_totals(keys: Tensor, v: Tensor, shift: Tensor, key_ratio: int) -> Tensor:
-    """S_i = sum over block i of e^{K - c_i} [V | 1], `[B, n, 2d]` in the accumulation type."""
+    """S_i = sum over block i of e^{K - c_i} [V | 1], `[B, n, 2d]` in the accumulation
+    type."""
     batch, length, channels = v.shape
     tile, grid = _launch_shape(batch, length, channels, 1)
-    totals = torch.empty(batch, grid[0], 2 * channels, dtype=keys.dtype, device=v.device)
+    totals = torch.empty(
+        batch, grid[0], 2 * channels, dtype=keys.dtype, device=v.device
+    )
     _block_totals_kernel[grid](
-        keys, v, shift, totals, length, channels, channels, key_ratio, grid[0],
-        v.stride(0), v.stride(1), keys.stride(0), keys.stride(1), L=BLOCK, C=tile, **LAUNCH)
+        keys,
+        v,
+        shift,
+        totals,
+        length,
+        channels,
+        channels,
+        key_ratio,
+        grid[0],
+        v.stride(0),
+        v.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        L=BLOCK,
+        C=tile,
+        **LAUNCH,
+    )
     return totals
 
 
 @_block_totals.register_fake
 def _(keys, v, shift, key_ratio):
     batch, length, channels = v.shape
-    return v.new_empty(batch, triton.cdiv(length, BLOCK), 2 * channels, dtype=keys.dtype)
+    return v.new_empty(
+        batch, triton.cdiv(length, BLOCK), 2 * channels, dtype=keys.dtype
+    )
 
 
 @torch.library.custom_op(f"{_OPERATOR}_output_gradients", mutates_args=())
-def _output_gradients(q: Tensor, grad_out: Tensor, ratio: Tensor, den: Tensor, outside: Tensor, full: bool
-                      ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """dQ (in q's type), g_num and g_den (in the accumulation type) and, unless `full`, each block's
-    row totals `[B, n, 2d]` (else empty); every `[B, T, d]` argument contiguous."""
+def _output_gradients(
+    q: Tensor, grad_out: Tensor, ratio: Tensor, den: Tensor, outside: Tensor, full: bool
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """dQ (in q's type), g_num and g_den (in the accumulation type) and, unless `full`,
+    each block's row totals `[B, n, 2d]` (else empty); every `[B, T, d]` argument
+    contiguous."""
     batch, length, channels = q.shape
     tile, grid = _launch_shape(batch, length, channels, outside.shape[0])
     grad_q = torch.empty_like(q)
     grad_num, grad_den = torch.empty_like(ratio), torch.empty_like(ratio)
-    row_totals = ratio.new_empty(0) if full else ratio.new_empty(batch, grid[0], 2 * channels)
+    row_totals = (
+        ratio.new_empty(0) if full else ratio.new_empty(batch, grid[0], 2 * channels)
+    )
     _output_gradients_kernel[grid](
-        q, grad_out, ratio, den, outside, grad_q, grad_num, grad_den, row_totals,
-        length, channels, channels // outside.shape[0], grid[0], FULL=full, L=BLOCK, C=tile, **LAUNCH)
+        q,
+        grad_out,
+        ratio,
+        den,
+        outside,
+        grad_q,
+        grad_num,
+        grad_den,
+        row_totals,
+        length,
+        channels,
+        channels // outside.shape[0],
+        grid[0],
+        FULL=full,
+        L=BLOCK,
+        C=tile,
+        **LAUNCH,
+    )
     return grad_q, grad_num, grad_den, row_totals
 
 
 @_output_gradients.register_fake
 def _(q, grad_out, ratio, den, outside, full):
     batch, length, channels = q.shape
-    row_totals = ratio.new_empty(0) if full else ratio.new_empty(batch, triton.cdiv(length, BLOCK), 2 * channels)
-    return torch.empty_like(q), torch.empty_like(ratio), torch.empty_like(ratio), row_totals
+    row_totals = (
+        ratio.new_empty(0)
+        if full
+        else ratio.new_empty(batch, triton.cdiv(length, BLOCK), 2 * channels)
+    )
+    return (
+        torch.empty_like(q),
+        torch.empty_like(ratio),
+        torch.empty_like(ratio),
+        row_totals,
+    )
 
 
 @torch.library.custom_op(f"{_OPERATOR}_backward", mutates_args=())
-def _backward(keys: Tensor, v: Tensor, bias: Tensor, row_shift: Tensor, outside: Tensor, shift: Tensor,
-              reverse_carry: Tensor,
-              grad_num: Tensor, grad_den: Tensor, key_ratio: int, window: int, reach: int, causal: bool, full: bool,
-              bias_grad: bool) -> tuple[Tensor, Tensor, Tensor]:
-    """dK per channel, dV (both in the accumulation type) and, `bias_grad`, the bias's gradient (else empty)."""
+def _backward(
+    keys: Tensor,
+    v: Tensor,
+    bias: Tensor,
+    row_shift: Tensor,
+    outside: Tensor,
+    shift: Tensor,
+    reverse_carry: Tensor,
+    grad_num: Tensor,
+    grad_den: Tensor,
+    key_ratio: int,
+    window: int,
+    reach: int,
+    causal: bool,
+    full: bool,
+    bias_grad: bool,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """dK per channel, dV (both in the accumulation type) and, `bias_grad`, the bias's
+    gradient (else empty)."""
     batch, length, channels = v.shape
     grad_k = torch.empty(batch, length, channels, dtype=keys.dtype, device=v.device)
     grad_v = torch.empty_like(grad_k)
-    grad_bias = torch.zeros(bias.shape, dtype=keys.dtype, device=v.device) if bias_grad else v.new_empty(0)
+    grad_bias = (
+        torch.zeros(bias.shape, dtype=keys.dtype, device=v.device)
+        if bias_grad
+        else v.new_empty(0)
+    )
     tile, grid = _launch_shape(batch, length, channels, bias.shape[0])
     dot_dtype, low = _dot_dtype(v)
     target = grad_bias if bias_grad else grad_k  # (not written without bias_grad)
     _backward_kernel[grid](
-        keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num, grad_den, grad_k, grad_v, target,
-        length, channels, channels // bias.shape[0], key_ratio, window, reach, grid[0],
-        v.stride(0), v.stride(1), keys.stride(0), keys.stride(1), *bias.stride(), target.stride(0), target.stride(1),
-        CAUSAL=causal, FULL=full, BIAS_GRAD=bias_grad, LOW=low, DOT_DTYPE=dot_dtype, L=BLOCK, C=tile,
-        **LAUNCH)
+        keys,
+        v,
+        bias,
+        row_shift,
+        outside,
+        shift,
+        reverse_carry,
+        grad_num,
+        grad_den,
+        grad_k,
+        grad_v,
+        target,
+        length,
+        channels,
+        channels // bias.shape[0],
+        key_ratio,
+        window,
+        reach,
+        grid[0],
+        v.stride(0),
+        v.stride(1),
+        keys.stride(0),
+        keys.stride(1),
+        *bias.stride(),
+        target.stride(0),
+        target.stride(1),
+        CAUSAL=causal,
+        FULL=full,
+        BIAS_GRAD=bias_grad,
+        LOW=low,
+        DOT_DTYPE=dot_dtype,
+        L=BLOCK,
+        C=tile,
+        **LAUNCH,
+    )
     return grad_k, grad_v, grad_bias
 
 
 @_backward.register_fake
-def _(keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num, grad_den, key_ratio, window, reach, causal,
-      full, bias_grad):
+def _(
+    keys,
+    v,
+    bias,
+    row_shift,
+    outside,
+    shift,
+    reverse_carry,
+    grad_num,
+    grad_den,
+    key_ratio,
+    window,
+    reach,
+    causal,
+    full,
+    bias_grad,
+):
     grad_k = v.new_empty(v.shape, dtype=keys.dtype)
-    grad_bias = bias.new_empty(bias.shape, dtype=keys.dtype) if bias_grad else v.new_empty(0)
+    grad_bias = (
+        bias.new_empty(bias.shape, dtype=keys.dtype) if bias_grad else v.new_empty(0)
+    )
     return grad_k, torch.empty_like(grad_k), grad_bias
 
 
 class _TritonAFT(torch.autograd.Function):
-    """AFT with the biases of a band `[G, T, 2s - 1]` or, `full`, of `[1, T, T]`; q, v `[B, T, d]`,
-    k `[B, T, d]` or `[B, T, G]` (one key channel per group: AFT-conv)."""
+    """AFT with the biases of a band `[G, T, 2s - 1]` or, `full`, of `[1, T, T]`; q, v
+    `[B, T, d]`, k `[B, T, d]` or `[B, T, G]` (one key channel per group: AFT-conv)."""
 
     @staticmethod
     def forward(ctx, q, k, v, bias, window, causal, full, key_padding_mask):
@@ -395,20 +818,47 @@ class _TritonAFT(torch.autograd.Function):
         if key_padding_mask is not None:  # padded keys get e^{-inf} = 0
             keys = keys.masked_fill(key_padding_mask[..., None], float("-inf"))
         keys = keys.contiguous()
-        key_shift, _ = key_shifts(keys, BLOCK, causal, acc, from_the_past=False)  # [B, n, k], no sync
-        shift = key_shift.repeat_interleave(key_ratio, dim=-1).contiguous()  # per channel, [B, n, d]
-        row_shift, outside = (x.contiguous() for x in _row_shifts(bias, window, length, causal, full, acc))  # [G, T]
-        reach = n_blocks if full else triton.cdiv(window - 1, BLOCK)  # key blocks each side a block sees
+        # [B, n, k], no sync
+        key_shift, _ = key_shifts(keys, BLOCK, causal, acc, from_the_past=False)
+        # per channel, [B, n, d]
+        shift = key_shift.repeat_interleave(key_ratio, dim=-1).contiguous()
+        row_shift, outside = (
+            x.contiguous() for x in _row_shifts(bias, window, length, causal, full, acc)
+        )  # [G, T]
+        # key blocks each side a block sees
+        reach = n_blocks if full else triton.cdiv(window - 1, BLOCK)
         q, v = q.contiguous(), v.contiguous()
         carry = shift  # AFT-full reaches every block: no carry (the kernel reads none)
         if not full:  # the block totals S_i, carried to each block
             totals = _block_totals(keys, v, shift, key_ratio)
-            carry = _carry(totals, torch.cat([shift, shift], dim=-1), reach + 1, causal, reverse=False).contiguous()
+            carry = _carry(
+                totals,
+                torch.cat([shift, shift], dim=-1),
+                reach + 1,
+                causal,
+                reverse=False,
+            ).contiguous()
         save = any(ctx.needs_input_grad)
-        out, ratio, den = _forward(q, keys, v, bias, row_shift, outside, shift, carry, key_ratio, window, reach,
-                                   causal, full, save)
+        out, ratio, den = _forward(
+            q,
+            keys,
+            v,
+            bias,
+            row_shift,
+            outside,
+            shift,
+            carry,
+            key_ratio,
+            window,
+            reach,
+            causal,
+            full,
+            save,
+        )
         if save:
-            ctx.save_for_backward(q, keys, v, bias, row_shift, outside, shift, ratio, den)
+            ctx.save_for_backward(
+                q, keys, v, bias, row_shift, outside, shift, ratio, den
+            )
             ctx.options = key_ratio, window, reach, causal, full, k.dtype
         return out
 
@@ -417,26 +867,56 @@ class _TritonAFT(torch.autograd.Function):
         q, keys, v, bias, row_shift, outside, shift, ratio, den = ctx.saved_tensors
         key_ratio, window, reach, causal, full, key_dtype = ctx.options
         batch, length, channels = q.shape
-        grad_q, grad_num, grad_den, row_totals = _output_gradients(q, grad_out.contiguous(), ratio, den, outside,
-                                                                   full)
+        grad_q, grad_num, grad_den, row_totals = _output_gradients(
+            q, grad_out.contiguous(), ratio, den, outside, full
+        )
         reverse_carry = shift  # AFT-full: none
         if not full:  # each block's row totals, carried back to the earlier blocks
-            reverse_carry = _carry(row_totals, torch.cat([shift, shift], dim=-1), reach + 1, causal,
-                                   reverse=True).contiguous()
+            reverse_carry = _carry(
+                row_totals,
+                torch.cat([shift, shift], dim=-1),
+                reach + 1,
+                causal,
+                reverse=True,
+            ).contiguous()
         bias_grad = ctx.needs_input_grad[3]
-        grad_k, grad_v, grad_bias = _backward(keys, v, bias, row_shift, outside, shift, reverse_carry, grad_num,
-                                              grad_den, key_ratio, window, reach, causal, full, bias_grad)
+        grad_k, grad_v, grad_bias = _backward(
+            keys,
+            v,
+            bias,
+            row_shift,
+            outside,
+            shift,
+            reverse_carry,
+            grad_num,
+            grad_den,
+            key_ratio,
+            window,
+            reach,
+            causal,
+            full,
+            bias_grad,
+        )
         if key_ratio > 1:  # AFT-conv: a head's channels share its key
             grad_k = grad_k.view(batch, length, -1, key_ratio).sum(-1)
-        return (grad_q, grad_k.to(key_dtype), grad_v.to(v.dtype), grad_bias.to(bias.dtype) if bias_grad else None,
-                None, None, None, None)
+        return (
+            grad_q,
+            grad_k.to(key_dtype),
+            grad_v.to(v.dtype),
+            grad_bias.to(bias.dtype) if bias_grad else None,
+            None,
+            None,
+            None,
+            None,
+        )
 
 # %% ../notebooks/10_aft_triton.ipynb #c000000c
 if TRITON_AVAILABLE:
 
     @triton.jit
     def _count_kernel(out, n):
-        """Counts to `n` in a loop whose bound is a kernel argument, as every kernel above loops."""
+        """Counts to `n` in a loop whose bound is a kernel argument, as every kernel
+        above loops."""
         count = 0
         for _ in range(0, n):
             count += 1
@@ -444,10 +924,12 @@ if TRITON_AVAILABLE:
 
 
 def _interpreter_loop_failure() -> str | None:
-    """What goes wrong when Triton's interpreter runs a loop bounded by a kernel argument, or None.
+    """What goes wrong when Triton's interpreter runs a loop bounded by a kernel
+    argument, or None.
 
-    Triton 3.6 and older turn such a bound into a Python int with `int()` of a one-element NumPy
-    array, which NumPy 2.4 refuses (Triton 3.7 squeezes the array first). Trying it is the one sure test."""
+    Triton 3.6 and older turn such a bound into a Python int with `int()` of a
+    one-element NumPy array, which NumPy 2.4 refuses (Triton 3.7 squeezes the array
+    first). Trying it is the one sure test."""
     count = torch.zeros(1, dtype=torch.int32)
     try:
         _count_kernel[(1,)](count, 3)
@@ -456,26 +938,39 @@ def _interpreter_loop_failure() -> str | None:
     return None if count.item() == 3 else f"a loop to 3 counted to {count.item()}"
 
 
-# Tried once, on import: a constant is all that `torch.compile` meets when it traces a kernel call.
-INTERPRETER_LOOP_FAILURE = _interpreter_loop_failure() if TRITON_AVAILABLE and INTERPRETED else None
+# Tried once, on import: a constant is all that `torch.compile` meets when it traces a
+# kernel call.
+INTERPRETER_LOOP_FAILURE = (
+    _interpreter_loop_failure() if TRITON_AVAILABLE and INTERPRETED else None
+)
 
 
 def unavailable_reason(device: torch.device | str) -> str | None:
-    """Why the AFT kernel 'triton' cannot run on tensors of `device` here, or None when it can."""
+    """Why the AFT kernel 'triton' cannot run on tensors of `device` here, or None when
+    it can."""
     if not TRITON_AVAILABLE:
-        return "the AFT kernel 'triton' needs Triton: pip install triton (or aftalibi[triton])"
+        return ("the AFT kernel 'triton' needs Triton: pip install triton "
+                "(or aftalibi[triton])")
     device_type = torch.device(device).type
     if device_type == "cuda":  # NVIDIA GPUs, and AMD's under ROCm
         return None
     if device_type != "cpu":
-        return f"the AFT kernel 'triton' runs on CUDA and ROCm GPUs, and on CPU tensors, not on {device_type} tensors"
+        return ("the AFT kernel 'triton' runs on CUDA and ROCm GPUs, and on CPU "
+                f"tensors, not on {device_type} tensors")
     if not INTERPRETED:
-        return ("the AFT kernel 'triton' runs on CPU tensors only in Triton's interpreter: set the "
-                "environment variable TRITON_INTERPRET=1 before aftalibi.aft_triton is imported")
+        return (
+            "the AFT kernel 'triton' runs on CPU tensors only in Triton's interpreter: "
+            "set the environment variable TRITON_INTERPRET=1 before "
+            "aftalibi.aft_triton is imported"
+        )
     if INTERPRETER_LOOP_FAILURE is not None:
-        return (f"Triton {triton.__version__}'s interpreter cannot run the loops of the AFT kernel 'triton' "
-                f"with NumPy {numpy.__version__} ({INTERPRETER_LOOP_FAILURE}): install triton>=3.7 or numpy<2.4 "
-                "to run it on CPU tensors")
+        return (
+            f"Triton {triton.__version__}'s interpreter cannot run the loops of the "
+            f"AFT kernel 'triton' with NumPy {numpy.__version__} "
+            f"({INTERPRETER_LOOP_FAILURE}): "
+            "install triton>=3.7 or numpy<2.4 "
+            "to run it on CPU tensors"
+        )
     return None
 
 
@@ -486,10 +981,18 @@ def _check_runnable(q: Tensor) -> None:
 
 
 @outside_autocast
-def triton_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, causal: bool,
-                key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local, AFT-conv and AFT-simple, as `chunked_band` takes them (band `[G, T, 2s - 1]`), in
-    Triton: one fused kernel forward and one backward, each with a small one for the sums around it."""
+def triton_band(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    band: Tensor,
+    window: int,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+) -> Tensor:
+    """AFT-local, AFT-conv and AFT-simple, as `chunked_band` takes them (band `[G, T, 2s
+    - 1]`), in Triton: one fused kernel forward and one backward, each with a small one
+    for the sums around it."""
     _check_runnable(q)
     if q.shape[1] == 0:
         return q * 0.0
@@ -498,9 +1001,19 @@ def triton_band(q: Tensor, k: Tensor, v: Tensor, band: Tensor, window: int, caus
 
 
 @outside_autocast
-def triton_full(q: Tensor, k: Tensor, v: Tensor, w: Tensor, causal: bool, key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-full with its bias `w` `[T, T]` in Triton: no `[T, T]` weights in memory, only w itself."""
+def triton_full(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    w: Tensor,
+    causal: bool,
+    key_padding_mask: Tensor | None,
+) -> Tensor:
+    """AFT-full with its bias `w` `[T, T]` in Triton: no `[T, T]` weights in memory,
+    only w itself."""
     _check_runnable(q)
     if q.shape[1] == 0:
         return q * 0.0
-    return _TritonAFT.apply(q, k, v, w[None], q.shape[1], causal, True, key_padding_mask)
+    return _TritonAFT.apply(
+        q, k, v, w[None], q.shape[1], causal, True, key_padding_mask
+    )

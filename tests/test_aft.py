@@ -6,11 +6,13 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from aftalibi.aft import (AFTConv, AFTFull, AFTLocal, AFTSimple, aft_conv, aft_full, aft_local, aft_reference,
-                          aft_simple, conv_band)
+from aftalibi import aft_triton
+from aftalibi.aft import (AFT_KERNELS, AFTConv, AFTFull, AFTLocal, AFTSimple, MinimalAFTLocal, aft_conv, aft_full,
+                          aft_kernel, aft_local, aft_reference, aft_simple, conv_band)
 from dense_biases import conv_bias, local_bias
 
 float64 = torch.float64
+TRITON_ON_CPU = aft_triton.unavailable_reason("cpu")
 
 
 def random_padding(batch, length, generator):
@@ -384,3 +386,49 @@ def test_kept_buffers_give_the_recomputed_gradients(monkeypatch):
     kept, again = gradients(2**30, twice=True)
     for a, b, c in zip(recomputed, kept, again):
         assert torch.equal(a, b) and torch.equal(a, c)
+
+
+@pytest.mark.parametrize("kernel", [pytest.param(name, marks=pytest.mark.skipif(
+    name == "triton" and TRITON_ON_CPU is not None, reason=str(TRITON_ON_CPU))) for name in AFT_KERNELS])
+@pytest.mark.parametrize("length,window", [(1, 1), (10, 3), (5, 8), (70, 4)])
+@pytest.mark.parametrize("causal", [True, False])
+def test_the_layer_equals_the_minimal_layer_of_notebook_2(kernel, length, window, causal):
+    """AFTLocal (the fast form, by every kernel) and MinimalAFTLocal (the equation, a dense [T, T]
+    bias) with the same parameters: the same outputs and the same gradients."""
+    torch.manual_seed(length + window)
+    minimal = MinimalAFTLocal(6, max_len=80, window=window, causal=causal).double()
+    torch.nn.init.normal_(minimal.band)
+    layer = AFTLocal(6, max_len=80, window=window, causal=causal).double()
+    layer.load_state_dict(minimal.state_dict())
+    x = torch.randn(2, length, 6, dtype=float64)
+    with aft_kernel(kernel):
+        ours = layer(x)
+        ours_grads = torch.autograd.grad(ours.square().sum(), list(layer.parameters()))
+    theirs = minimal(x)
+    theirs_grads = torch.autograd.grad(theirs.square().sum(), list(minimal.parameters()))
+    torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
+    for (name, _), a, b in zip(layer.named_parameters(), ours_grads, theirs_grads, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda text: f"{name}: {text}")
+
+
+def test_notebook_2_reads_layer_first():
+    """Notebook 2 defines its minimal AFT-local layer within its first 100 lines of code, no code cell
+    of it runs past 50 lines, and the code of the AFT notebooks (2 and Appendices A and C) fits the
+    docs' code column: 88 characters (the Colab install cell aside)."""
+    import json
+    from pathlib import Path
+
+    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
+
+    def code_cells(name):
+        cells = json.loads((notebooks / name).read_text())["cells"]
+        return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+
+    cells = code_cells("02_aft.ipynb")
+    first = next(i for i, cell in enumerate(cells) if "class MinimalAFTLocal" in cell)
+    assert sum(len(cell.splitlines()) for cell in cells[:first]) < 100
+    assert max(len(cell.splitlines()) for cell in cells) <= 50
+    for name in ["02_aft.ipynb", "08_aft_kernels.ipynb", "10_aft_triton.ipynb"]:
+        install, *rest = code_cells(name)  # the first code cell installs the package on Colab
+        wide = [line for cell in rest for line in cell.splitlines() if len(line) > 88]
+        assert not wide, f"{name}: code lines over 88 characters: {wide}"

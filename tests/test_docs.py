@@ -321,6 +321,28 @@ def test_annotated_pages_fit_the_screen(site, browser, width):
         browser.set_window_size(1400, 1000)
 
 
+# Run on a page after MathJax finished: the display formulas wider than the box that holds them.
+WIDE_MATH = """
+const [selector, done] = arguments;
+Promise.resolve(window.MathJax && MathJax.startup && MathJax.startup.promise).then(() => done(
+  [...document.querySelectorAll(selector)].filter(m => m.scrollWidth > m.clientWidth)
+    .map(m => m.textContent.trim().slice(0, 60))));
+"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("page,selector", [("annotated/aftalibi.aft.html", "div.annotated-notes div.math"),
+                                           ("notebooks/02_aft.html", "div.math"),
+                                           ("notebooks/08_aft_kernels.html", "div.math"),
+                                           ("notebooks/10_aft_triton.html", "div.math")])
+def test_aft_formulas_fit_their_column(site, browser, page, selector):
+    """At 1400 px every display formula of the AFT pages fits its column (on the annotated page of
+    aft.py, the narrow notes column): none scrolls sideways."""
+    browser.get((site / page).as_uri())
+    wide = browser.execute_async_script(WIDE_MATH, selector)
+    assert not wide, f"{page}: formulas wider than their column: {wide}"
+
+
 @needs_chromium
 def test_images_load(visits):
     broken = {page: [i["src"] for i in r["images"] if not i["loaded"]] for page, r in visits.items()}
