@@ -24,10 +24,10 @@ _EXPORTS = {
                      "SinusoidalPositionEncoding", "LearnedPositionEncoding", "RotaryPositionEncoding"], "attention"),
     # the Attention Free Transformer (notebook 02)
     **dict.fromkeys(["aft_reference", "aft_full", "aft_simple", "aft_local", "aft_conv", "aft_step", "AFTState",
-                     "AFTFull", "AFTSimple", "AFTLocal", "AFTConv"], "aft"),
+                     "AFTFull", "AFTSimple", "AFTLocal", "AFTConv", "MinimalAFTLocal"], "aft"),
     # ALiBi (notebook 03)
     **dict.fromkeys(["get_slopes", "alibi_bias", "alibi_attention", "alibi_attention_reference",
-                     "AlibiMultiHeadAttention"], "alibi"),
+                     "AlibiMultiHeadAttention", "MinimalAlibiAttention"], "alibi"),
     # the language model (notebook 04)
     **dict.fromkeys(["MIXERS", "POSITIONS", "ModelConfig", "LanguageModel", "generate"], "model"),
     # the data (notebook 05)

@@ -169,7 +169,7 @@ class ExtrapolationConfig:
     d_ff: int = field(default=256, metadata={"help": "hidden width of each block's MLP (of a model without position parameters)"})
     match_parameters: bool = field(default=True, metadata={"help": "give each variant the MLP width that brings its parameter count nearest that of a model without position parameters at d_ff"})
     window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
-    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U V^T"})
+    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U W^T"})
     steps: int = field(default=2000, metadata={"help": "optimizer steps per model"})
     batch_size: int = field(default=16, metadata={"help": "training windows per step"})
     optimizer: str = field(default="muon", metadata={"help": "muon (Muon for the blocks' linear weights, AdamW for the rest) or adamw"})

@@ -36,7 +36,7 @@ class ModelConfig:
     d_ff: int = field(default=512, metadata={"help": "hidden width of each block's MLP"})
     max_len: int = field(default=256, metadata={"help": "longest sequence for absolute position parameters (learned encodings, AFT-full and AFT-local biases)"})
     window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
-    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U V^T (below max_len, else a dense w would be smaller)"})
+    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U W^T (below max_len, else a dense w would be smaller)"})
     dropout: float = field(default=0.0, metadata={"help": "dropout probability"})
 
     def __post_init__(self):

@@ -728,7 +728,7 @@ def check_attention_memory(model: ModelConfig, config: TrainConfig, device: torc
     with 32 windows and 4 heads is 5 TB). On CUDA, attention without a bias runs in flash kernels
     that never hold the scores. Every mixer, on every device, keeps for backward at least each
     block's float32 input `[B, T, d_model]` and its MLP's hidden layer `[B, T, d_ff]` (bfloat16 at
-    the least), and the logits `[B, T, vocab]`; AFT-full also holds its biases w = U V^T, `[T, T]`,
+    the least), and the logits `[B, T, vocab]`; AFT-full also holds its biases w = U W^T, `[T, T]`,
     in every layer. What is refused cannot fit; what passes may still run out of memory.
     """
     memory = device_memory(device)
