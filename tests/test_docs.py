@@ -331,13 +331,12 @@ Promise.resolve(window.MathJax && MathJax.startup && MathJax.startup.promise).th
 
 
 @needs_chromium
-@pytest.mark.parametrize("page,selector", [("annotated/aftalibi.aft.html", "div.annotated-notes div.math"),
-                                           ("notebooks/02_aft.html", "div.math"),
-                                           ("notebooks/08_aft_kernels.html", "div.math"),
-                                           ("notebooks/10_aft_triton.html", "div.math")])
-def test_aft_formulas_fit_their_column(site, browser, page, selector):
-    """At 1400 px every display formula of the AFT pages fits its column (on the annotated page of
-    aft.py, the narrow notes column): none scrolls sideways."""
+@pytest.mark.parametrize("page,selector", [
+    *((f"annotated/{module}.html", "div.annotated-notes div.math") for module in ANNOTATED_MODULES),
+    *((f"notebooks/{notebook.stem}.html", "div.math") for notebook in NOTEBOOKS)])
+def test_formulas_fit_their_column(site, browser, page, selector):
+    """At 1400 px every display formula fits its column (on an annotated page, the narrow notes
+    column): none scrolls sideways."""
     browser.get((site / page).as_uri())
     wide = browser.execute_async_script(WIDE_MATH, selector)
     assert not wide, f"{page}: formulas wider than their column: {wide}"
