@@ -154,6 +154,6 @@ def test_every_notebook_runs_alone_in_a_fresh_environment(path, colab, monkeypat
                    resources={"metadata": {"path": str(folder)}}).execute()
     print(f"\n{path.name}: {time.perf_counter() - start:.0f} s")
     where = run([colab["python"], "-c", "import aftalibi; print(aftalibi.__file__, sorted(p.name for p in "
-                 "aftalibi.RESULTS_FOLDER.iterdir()))"]).split(" ", 1)
+                 "aftalibi.RESULTS_FOLDER.iterdir()))"], cwd=folder).split(" ", 1)
     assert Path(where[0]).is_relative_to(colab["home"] / "venv"), f"aftalibi was imported from {where[0]}"
     assert "extrapolation.json" in where[1] and "demo-alibi.pt" in where[1], where[1]
