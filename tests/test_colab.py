@@ -107,7 +107,8 @@ def colab(tmp_path_factory):
     """A fresh environment with torch and what Colab preinstalls, a kernel of it, and a copy of this
     checkout (its files as a commit of `git add -A` would hold them) for AFTALIBI_SOURCE."""
     if not WHEELS.is_dir():
-        pytest.fail(f"{WHEELS} is missing: `make install` downloads the wheels this test installs offline")
+        pytest.fail(f"{WHEELS} is missing: `make install` downloads the wheels this test installs offline "
+                    "(torch, numpy, matplotlib, ipykernel and aftalibi's dependencies, at the versions installed)")
     home = tmp_path_factory.mktemp("colab")
     source = home / "aftalibi-source"
     for name in run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT).split("\0"):
