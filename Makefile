@@ -20,6 +20,14 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# tests/test_colab.py plays Colab offline: a fresh environment installs torch, numpy, matplotlib
+	# and ipykernel from these wheels, and then the notebooks' install cell aftalibi's dependencies,
+	# all at the versions installed here. A torch that no configured index has (a local build) cannot
+	# be downloaded: then only that test fails, and says why.
+	$(BIN)/python -m pip freeze --exclude-editable > $(VENV)/pinned.txt
+	$(BIN)/python -m pip download --quiet --dest $(VENV)/colab-wheels --constraint $(VENV)/pinned.txt \
+		torch numpy matplotlib ipykernel ".[triton]" \
+		|| echo "could not download the wheels of tests/test_colab.py into $(VENV)/colab-wheels"
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -31,9 +39,11 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest
 
-# Write the notebooks' exported cells into aftalibi/*.py, and strip notebook metadata.
+# Write the notebooks' exported cells into aftalibi/*.py, their Colab badges and install cells
+# (from pyproject.toml's Repository and aftalibi.__version__: aftalibi/_colab.py), and strip metadata.
 export: $(STAMP)
 	$(BIN)/nbdev-export
+	$(BIN)/python -m aftalibi._colab
 	$(BIN)/nbdev-clean --fname notebooks
 
 # Warnings are errors (-W), all of them reported (--keep-going); tests/test_docs.py builds the same way.

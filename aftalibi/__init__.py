@@ -12,10 +12,15 @@ its submodule and a function, so `aftalibi.train` is the training module (call
 __version__ = "0.1.0"
 
 import importlib
+import pathlib
 
 from ._compat import patch_ipython_display_for_labml
 
 patch_ipython_display_for_labml()
+
+# The committed results that notebooks 06 and 07 read (trained models, the extrapolation experiment),
+# shipped as package data: wherever aftalibi is installed, they are there, with no checkout and no network.
+RESULTS_FOLDER = pathlib.Path(__file__).parent / "results"
 
 # {public name: the module (notebook) that defines it}
 _EXPORTS = {
@@ -37,7 +42,7 @@ _EXPORTS = {
                      "CheckpointError"], "train"),
 }
 
-__all__ = ["__version__", *_EXPORTS]
+__all__ = ["__version__", "RESULTS_FOLDER", *_EXPORTS]
 
 
 def __getattr__(name: str):

@@ -344,7 +344,7 @@ def add_extrapolate_parser(commands) -> None:
         parser.add_argument("--" + name.replace("_", "-"), type=kind, nargs="*" if name.startswith("sweep") else "+",
                             default=list(field.default), choices=list(VARIANTS) if name == "variants" else None,
                             metavar="NAME" if name == "variants" else "N", help=field.metadata["help"])
-    parser.add_argument("--out", type=Path, default=Path("notebooks/results/extrapolation.json"),
+    parser.add_argument("--out", type=Path, default=Path("aftalibi/results/extrapolation.json"),
                         help="where the results JSON is written")
     parser.add_argument("--save-models", type=Path, default=None, metavar="FOLDER",
                         help="also save every trained model in this folder, as a checkpoint that generate --checkpoint "

@@ -382,9 +382,9 @@ def test_command_line_rejects_unknown_variants(capsys):
 
 
 def test_readme_table_is_the_committed_results():
-    """The README's train-short-test-long table quotes notebooks/results/extrapolation.json, to the digit."""
+    """The README's train-short-test-long table quotes aftalibi/results/extrapolation.json, to the digit."""
     root = Path(__file__).resolve().parent.parent
-    results = load_results(root / "notebooks" / "results" / "extrapolation.json")
+    results = load_results(root / "aftalibi" / "results" / "extrapolation.json")
     short = results["config"]["train_len"]
     long = short * max(results["config"]["factors"])
     flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
