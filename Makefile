@@ -12,6 +12,7 @@ TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-notebooks
+COLAB_WHEELS := $(VENV)/.colab-wheels
 
 .PHONY: install demo test export clean-notebooks docs lab
 
@@ -20,15 +21,18 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet "$(TORCH)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
-	# tests/test_colab.py plays Colab offline: a fresh environment installs torch, numpy, matplotlib
-	# and ipykernel from these wheels, and then the notebooks' install cell aftalibi's dependencies,
-	# all at the versions installed here. A torch that no configured index has (a local build) cannot
-	# be downloaded: then only that test fails, and says why.
+	touch $(STAMP)
+
+# tests/test_colab.py plays Colab offline: a fresh environment installs torch, numpy, matplotlib
+# and ipykernel from these wheels, and then the notebooks' install cell aftalibi's dependencies,
+# all at the versions installed in $(VENV). Only `make test` needs them. A torch that no configured
+# index has (a local build) cannot be downloaded: then only that test fails, and says why.
+$(COLAB_WHEELS): $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable > $(VENV)/pinned.txt
 	$(BIN)/python -m pip download --quiet --dest $(VENV)/colab-wheels --constraint $(VENV)/pinned.txt \
 		torch numpy matplotlib ipykernel ".[triton]" \
+		&& touch $(COLAB_WHEELS) \
 		|| echo "could not download the wheels of tests/test_colab.py into $(VENV)/colab-wheels"
-	touch $(STAMP)
 
 install: $(STAMP)
 
@@ -36,7 +40,7 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m aftalibi train --overwrite
 
-test: $(STAMP)
+test: $(STAMP) $(COLAB_WHEELS)
 	$(BIN)/python -m pytest
 
 # Write the notebooks' exported cells into aftalibi/*.py, their Colab badges and install cells
