@@ -308,26 +308,28 @@ def causal_alibi_flex(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
 def flush_denormals_to_zero() -> bool:
     """Make torch's CPU threads read and write subnormal floats as zero (FTZ and DAZ).
 
-    Subnormal float32 values (below 2^-126) fill a band of ALiBi's and AFT's exponentials of
-    large negative scores, and many Intel cores compute with them slowly. Torch's intra-op
-    threads copy the setting from the thread that starts them: call this before the first
-    parallel operation and before `torch.set_num_threads`. Returns True when every intra-op
-    thread flushes; False on a CPU without the mode, and False with a warning when the threads
-    had started already (then only the calling thread flushes).
+    Subnormal float32 values (below 2^-126) fill a band of ALiBi's and AFT's
+    exponentials of large negative scores, and many Intel cores compute with them
+    slowly. Torch's intra-op threads copy the setting from the thread that starts them:
+    call this before the first parallel operation and before `torch.set_num_threads`.
+    Returns True when every intra-op thread flushes; False on a CPU without the mode,
+    and False with a warning when the threads had started already (then only the
+    calling thread flushes).
     """
     if not torch.set_flush_denormal(True):
         return False  # torch supports the mode on x86 with SSE3 and on ARM64 only
     if _every_thread_flushes():
         return True
-    warnings.warn("flush-to-zero reached only the calling thread, because torch's CPU threads had "
-                  "started already: call flush_denormals_to_zero() before torch.set_num_threads "
-                  "and the first parallel operation", RuntimeWarning, stacklevel=2)
+    warnings.warn("flush-to-zero reached only the calling thread, because torch's CPU "
+                  "threads had started already: call flush_denormals_to_zero() before "
+                  "torch.set_num_threads and the first parallel operation",
+                  RuntimeWarning, stacklevel=2)
     return False
 
 
 def _every_thread_flushes() -> bool:
-    """Whether every intra-op CPU thread of torch writes subnormal float32 results as zero."""
-    # exp(-100) = 3.7e-44 is subnormal. at::parallel_for gives a thread no less than its grain
-    # of 32768 elements, so 2^16 elements per thread put a chunk on every one of them.
+    """Whether every intra-op thread of torch writes subnormal float32 results as 0."""
+    # exp(-100) = 3.7e-44 is subnormal. at::parallel_for gives a thread no less than its
+    # grain of 32768 elements, so 2^16 elements per thread put a chunk on every one.
     probe = torch.full((2**16 * torch.get_num_threads(),), -100.0)
     return bool((probe.exp() == 0).all())
