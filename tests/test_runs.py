@@ -88,11 +88,11 @@ def test_a_second_run_in_the_folder_stops_at_once_naming_the_first(corpus_file, 
     second = start_training(corpus_file, out_dir, "--overwrite")
     out, err = second.communicate(timeout=120)
     first.send_signal(signal.SIGTERM)
-    first.communicate(timeout=120)
+    _, first_err = first.communicate(timeout=120)
     assert second.returncode == 2 and out == ""
     assert err.strip() == (f"aftalibi train: error: {out_dir} is in use by another run: process {first.pid} holds "
                            f"{out_dir / '.lock'}; wait for it to end, stop it, or choose another out_dir")
-    assert first.returncode == 143
+    assert first.returncode == 143, first_err
 
 
 def test_the_lock_and_temporary_files_of_a_killed_run_are_taken_over_and_removed(corpus_file, tmp_path):
