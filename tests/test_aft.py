@@ -409,27 +409,3 @@ def test_the_layer_equals_the_minimal_layer_of_notebook_2(kernel, length, window
     torch.testing.assert_close(ours, theirs, rtol=1e-10, atol=1e-10)
     for (name, _), a, b in zip(layer.named_parameters(), ours_grads, theirs_grads, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10, msg=lambda text: f"{name}: {text}")
-
-
-def test_notebook_2_reads_layer_first():
-    """Notebook 2 defines its minimal AFT-local layer within its first 100 lines of code (after the
-    Colab install cell), no code cell of it runs past 50 lines, and the code of the AFT notebooks
-    (2 and Appendices A and C) fits the docs' code column: 88 characters (the install cell aside)."""
-    import json
-    from pathlib import Path
-
-    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
-
-    def code_cells(name):
-        cells = json.loads((notebooks / name).read_text())["cells"]
-        return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
-
-    cells = code_cells("02_aft.ipynb")
-    install, *reading = cells  # the Colab install cell aside, what a reader reads first
-    first = next(i for i, cell in enumerate(reading) if "class MinimalAFTLocal" in cell)
-    assert sum(len(cell.splitlines()) for cell in reading[:first]) < 100
-    assert max(len(cell.splitlines()) for cell in cells) <= 50
-    for name in ["02_aft.ipynb", "08_aft_kernels.ipynb", "10_aft_triton.ipynb"]:
-        install, *rest = code_cells(name)  # the first code cell installs the package on Colab
-        wide = [line for cell in rest for line in cell.splitlines() if len(line) > 88]
-        assert not wide, f"{name}: code lines over 88 characters: {wide}"

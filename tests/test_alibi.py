@@ -321,27 +321,3 @@ def test_cpu_autocast_projects_in_bf16_and_attends_in_float32(make, monkeypatch)
     assert seen == [(torch.float32, torch.float32)] * 2
     assert mixed.dtype == torch.bfloat16 and torch.isfinite(mixed).all()
     torch.testing.assert_close(mixed.float(), expected, atol=0.05, rtol=0.05)
-
-
-def test_notebook_3_reads_layer_first():
-    """Notebook 3 defines its minimal ALiBi layer within its first 80 lines of code (after the Colab
-    install cell), no code cell of it runs past 50 lines, and the code of notebooks 1, 3 and
-    Appendix B fits the docs' code column: 88 characters (the install cell aside)."""
-    import json
-    from pathlib import Path
-
-    notebooks = Path(__file__).resolve().parent.parent / "notebooks"
-
-    def code_cells(name):
-        cells = json.loads((notebooks / name).read_text())["cells"]
-        return ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
-
-    cells = code_cells("03_alibi.ipynb")
-    install, *reading = cells  # the Colab install cell aside, what a reader reads first
-    first = next(i for i, cell in enumerate(reading) if "class MinimalAlibiAttention" in cell)
-    assert sum(len(cell.splitlines()) for cell in reading[:first]) < 80
-    assert max(len(cell.splitlines()) for cell in cells) <= 50
-    for name in ["01_attention.ipynb", "03_alibi.ipynb", "09_alibi_kernels.ipynb"]:
-        install, *rest = code_cells(name)  # the first code cell installs the package on Colab
-        wide = [line for cell in rest for line in cell.splitlines() if len(line) > 88]
-        assert not wide, f"{name}: code lines over 88 characters: {wide}"

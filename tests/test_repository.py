@@ -83,3 +83,29 @@ def test_the_python_floor_is_the_same_everywhere():
     assert "python" + floor in environment
     assert "sys.version_info >= (3, 11)" in (ROOT / "Makefile").read_text()
     assert "Python >= 3.11" in (ROOT / "README.md").read_text()
+
+
+def code_cells(notebook: str) -> list[str]:
+    """The code cells of a notebook after its first, the Colab install cell (boilerplate, not reading)."""
+    cells = json.loads((ROOT / "notebooks" / notebook).read_text())["cells"]
+    install, *reading = ["".join(cell["source"]) for cell in cells if cell["cell_type"] == "code"]
+    return reading
+
+
+@pytest.mark.parametrize("notebook,layer,within", [("02_aft.ipynb", "MinimalAFTLocal", 100),
+                                                    ("03_alibi.ipynb", "MinimalAlibiAttention", 80)])
+def test_the_layer_a_reader_came_for_comes_first(notebook, layer, within):
+    """02 and 03 define their minimal layer within their first `within` lines of code, and no code
+    cell of them runs past 50 lines."""
+    cells = code_cells(notebook)
+    first = next(i for i, cell in enumerate(cells) if f"class {layer}" in cell)
+    assert sum(len(cell.splitlines()) for cell in cells[:first]) < within
+    assert max(len(cell.splitlines()) for cell in cells) <= 50
+
+
+@pytest.mark.parametrize("notebook", ["01_attention.ipynb", "02_aft.ipynb", "03_alibi.ipynb", "08_aft_kernels.ipynb",
+                                      "09_alibi_kernels.ipynb", "10_aft_triton.ipynb"])
+def test_notebook_code_fits_the_docs_column(notebook):
+    """The docs show code cells 88 characters wide: longer lines scroll sideways."""
+    wide = [line for cell in code_cells(notebook) for line in cell.splitlines() if len(line) > 88]
+    assert not wide, f"{notebook}: code lines over 88 characters: {wide}"
