@@ -20,32 +20,33 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository checkout this mo
 
 # The install cell, filled in with the repository and the release. It installs the `triton` extra
 # because notebook 10 runs the Triton kernels (on a CPU in Triton's interpreter); Colab's torch
-# brings Triton already, and pip adds nothing there.
+# brings Triton already, and pip adds nothing there. Colab shows the cell folded to its title
+# (`cellView: form`), as do JupyterLab (`source_hidden`) and the docs (the `hide-input` tag).
 INSTALL_CELL = '''\
-# Colab, or any kernel without aftalibi: install the release of this notebook, with the
-# results notebooks 06 and 07 read (6.5 MB of package data: nothing else is fetched).
-# The torch already installed is kept: pip may add packages, never replace it.
-# AFTALIBI_SOURCE, a local path or URL of a copy of the repository, installs that copy
-# instead. Where aftalibi is installed (this repository after `make install`): nothing.
+# @title Install aftalibi where it is missing (Colab): this notebook's release
+# The results notebooks 06 and 07 read come with it (6.5 MB); nothing else is fetched.
+# The installed torch is kept: pip may add packages, never replace it.
+# AFTALIBI_SOURCE, a path or URL of a copy of the repository, is installed instead.
 import importlib.metadata, importlib.util, os, pathlib, subprocess, sys, tempfile
 
-# Written by `make export`, from pyproject.toml's Repository and aftalibi.__version__:
+# Written by `make export`, from pyproject.toml and aftalibi.__version__:
 REPOSITORY, RELEASE = "{repository}", "{release}"
 if importlib.util.find_spec("aftalibi") is None:
-    try:
-        torch_version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        raise SystemExit("aftalibi needs torch >= 2.4: install PyTorch first") from None
+    if importlib.util.find_spec("torch") is None:
+        raise SystemExit("aftalibi needs torch >= 2.4: install PyTorch first")
+    torch_version = importlib.metadata.version("torch")
     if tuple(int(part) for part in torch_version.split(".")[:2]) < (2, 4):
         raise SystemExit(f"aftalibi needs torch >= 2.4, not {{torch_version}}")
     source = os.environ.get("AFTALIBI_SOURCE", f"git+{{REPOSITORY}}@{{RELEASE}}")
-    if "://" not in source:  # a local path
-        source = pathlib.Path(source).resolve().as_uri()
-    keep_torch = pathlib.Path(tempfile.mkdtemp()) / "constraints.txt"
+    source = source if "://" in source else pathlib.Path(source).resolve().as_uri()
+    keep_torch = pathlib.Path(tempfile.mkdtemp(), "constraints.txt")
     keep_torch.write_text(f"torch=={{torch_version}}\\n")
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", str(keep_torch),
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "-c", keep_torch,
                     f"aftalibi[triton] @ {{source}}"], check=True)
     importlib.invalidate_caches()'''
+
+# The install cell's metadata: folded to its title where the reader's tool allows it.
+INSTALL_CELL_METADATA = {"cellView": "form", "jupyter": {"source_hidden": True}, "tags": ["hide-input"]}
 
 BADGE = "[![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)]({url})"
 # A Colab badge's link, in a notebook's first cell or in the README's table of notebooks.
@@ -98,9 +99,9 @@ def write(root: Path = ROOT) -> list[Path]:
             raise ValueError(f"{path}: the first cell must be Markdown with the Open in Colab badge "
                              f"({BADGE.format(url=badge_url(url, tag, path.name))})")
         cell = notebook.cells[install_cell_index(notebook)]
-        source = with_badges(first.source, url, tag), install_cell(url, tag)
-        if (first.source, cell.source) != source:
-            first.source, cell.source = source
+        written = with_badges(first.source, url, tag), install_cell(url, tag), INSTALL_CELL_METADATA
+        if (first.source, cell.source, cell.metadata) != written:
+            first.source, cell.source, cell.metadata = written
             nbformat.write(notebook, path)
             changed.append(path)
     readme = root / "README.md"

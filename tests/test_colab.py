@@ -46,13 +46,16 @@ def test_the_badge_and_install_cell_are_written_from_one_place(path):
     `make export` writes them into every notebook: a notebook that differs has not been exported."""
     notebook = nbformat.read(path, as_version=4)
     repository, release = _colab.repository(), _colab.release()
-    assert code_cells(notebook)[0].source == _colab.install_cell(repository, release), \
+    install = code_cells(notebook)[0]
+    assert install.source == _colab.install_cell(repository, release), \
         f"{path.name}: the install cell is not aftalibi._colab's: run `make export`"
+    assert install.metadata == _colab.INSTALL_CELL_METADATA, \
+        f"{path.name}: the install cell is not folded to its title: run `make export`"
     badges = _colab.BADGE_LINK.findall(notebook.cells[0].source)
     assert badges == [path.name], f"{path.name}: the first cell must hold its own Colab badge, found {badges}"
     assert _colab.with_badges(notebook.cells[0].source, repository, release) == notebook.cells[0].source, \
         f"{path.name}: the Colab badge does not open {release} of {repository}: run `make export`"
-    assert all(len(line) <= 88 for line in code_cells(notebook)[0].source.splitlines())
+    assert all(len(line) <= 88 for line in install.source.splitlines())
 
 
 def test_the_readme_badges_open_the_release_of_each_notebook():
