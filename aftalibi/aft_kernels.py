@@ -376,7 +376,7 @@ def ratio(num: Tensor, den: Tensor) -> Tensor:
         torch.zeros_like(num),
     )
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #41efe79c
 def band_matrices(
     band: Tensor, window: int, block: int, length: int, causal: bool
 ) -> tuple[Tensor, Tensor]:
@@ -423,7 +423,7 @@ def _block_matmul(matrix: Tensor, x: Tensor) -> Tensor:
     as columns."""
     return (matrix @ x.flatten(-2)).view(x.shape)
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #1122521c
 @outside_autocast
 def chunked_band(
     q: Tensor,
@@ -489,7 +489,7 @@ def recompute_in_backward(function, *args):
         return checkpoint(function, *args, use_reentrant=False)
     return function(*args)
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #745983d7
 def _mix_in_blocks(
     q: Tensor,
     k: Tensor,
@@ -626,7 +626,7 @@ def _local_blocks(
         slope,
     )
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #dccc1c54
 # Work buffers hold a chunk of batch elements of about this size each: big enough that
 # short sequences run many elements per matmul, small enough to stay in the caches.
 _CHUNK_BYTES = 2 * 2**20
@@ -693,7 +693,7 @@ def _as_matrix(x: Tensor) -> Tensor:
     column."""
     return x.reshape(x.shape[0], x.shape[1], -1)
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #d564f9b6
 def _local_sums(
     k: Tensor,
     v: Tensor,
@@ -778,7 +778,7 @@ def _block_rescale(shift: Tensor, causal: bool) -> Tensor | None:
     rescale[1:] = torch.exp(shift[:-1] - shift[1:])
     return _both(rescale)
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #9a48903f
 class _AFTLocalFunction(torch.autograd.Function):
     """AFT-local on the projections `qkv = [Q | K | V]` (`[B, T, 3d]`) and the band `[T,
     2s - 1]`.
@@ -969,7 +969,7 @@ class _AFTLocalFunction(torch.autograd.Function):
             ).to(band.dtype)
         return grad_qkv, grad_band, None, None, None, None, None
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #a52bc736
 def _numerator_denominator(
     buffers: _LocalBuffers, length: int
 ) -> tuple[Tensor, Tensor]:
@@ -999,7 +999,7 @@ def _band_gradient(
     diagonals = unskew(wide, 2 * block + 1)[..., block - window + 1: block + window]
     return (diagonals * blocks.slope).reshape(n * block, 2 * window - 1)[:length]
 
-
+# %% ../notebooks/08_aft_kernels.ipynb #a15dc31f
 @outside_autocast
 def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
                     key_padding_mask: Tensor | None) -> Tensor:

@@ -511,7 +511,7 @@ def _carry(
     after = F.pad(totals.flip(1).cumsum(1), (0, 0, lag, 0))[:, :n_blocks].flip(1)
     return before + after
 
-
+# %% ../notebooks/10_aft_triton.ipynb #3447ed40
 def _launch_shape(
     batch: int, length: int, channels: int, groups: int
 ) -> tuple[int, tuple[int, int, int]]:
@@ -618,7 +618,7 @@ def _(
     saved = q.new_empty(q.shape, dtype=keys.dtype) if save else q.new_empty(0)
     return torch.empty_like(q), saved, torch.empty_like(saved)
 
-
+# %% ../notebooks/10_aft_triton.ipynb #9496a706
 @torch.library.custom_op(f"{_OPERATOR}_block_totals", mutates_args=())
 def _block_totals(keys: Tensor, v: Tensor, shift: Tensor, key_ratio: int) -> Tensor:
     """S_i = sum over block i of e^{K - c_i} [V | 1], `[B, n, 2d]` in the accumulation
@@ -708,7 +708,7 @@ def _(q, grad_out, ratio, den, outside, full):
         row_totals,
     )
 
-
+# %% ../notebooks/10_aft_triton.ipynb #9f90c20b
 @torch.library.custom_op(f"{_OPERATOR}_backward", mutates_args=())
 def _backward(
     keys: Tensor,
@@ -803,7 +803,7 @@ def _(
     )
     return grad_k, torch.empty_like(grad_k), grad_bias
 
-
+# %% ../notebooks/10_aft_triton.ipynb #7edcd74a
 class _TritonAFT(torch.autograd.Function):
     """AFT with the biases of a band `[G, T, 2s - 1]` or, `full`, of `[1, T, T]`; q, v
     `[B, T, d]`, k `[B, T, d]` or `[B, T, G]` (one key channel per group: AFT-conv)."""
@@ -979,7 +979,7 @@ def _check_runnable(q: Tensor) -> None:
     if reason is not None:
         raise RuntimeError(reason)
 
-
+# %% ../notebooks/10_aft_triton.ipynb #87788cc3
 @outside_autocast
 def triton_band(
     q: Tensor,
