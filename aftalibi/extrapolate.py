@@ -22,16 +22,17 @@ import aftalibi
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
-from .train import (TrainConfig, TrainingDiverged, check_writable, learning_rate_factor, load_checkpoint,
-                            make_optimizer, model_from_checkpoint, remove_stale_temporaries, replace_atomically,
-                            run_lock, save_checkpoint, sigterm_stops_like_ctrl_c, training_precision)
+from .train import (Optimizers, TrainConfig, TrainingDiverged, check_writable, learning_rate_factor,
+                            load_checkpoint, make_optimizer, model_from_checkpoint, remove_stale_temporaries,
+                            replace_atomically, run_lock, save_checkpoint, select_device,
+                            sigterm_stops_like_ctrl_c, training_precision)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
-           'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'train_model',
-           'evaluate_lengths', 'saved_model_path', 'run_experiment', 'check_results', 'save_results', 'load_results',
-           'mean_interval', 'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation',
-           'plot_window_sweep', 'outside_window_share']
+           'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'training_place',
+           'train_model', 'evaluate_lengths', 'saved_model_path', 'run_experiment', 'check_results', 'save_results',
+           'load_results', 'mean_interval', 'summarize', 'results_table', 'sweep_summary', 'findings',
+           'plot_extrapolation', 'plot_window_sweep', 'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is shared. The order is
@@ -178,7 +179,7 @@ class ExtrapolationConfig:
     min_learning_rate: float = field(default=0.0, metadata={"help": "AdamW's learning rate at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
     warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup"})
     weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay of linear weights (with muon: of none, Muon takes them all)"})
-    precision: str = field(default="auto", metadata={"help": "training precision as in train: auto, float32 or bfloat16 (autocast); evaluation is float32"})
+    precision: str = field(default="auto", metadata={"help": "training precision as in train: auto (bf16 autocast where the hardware multiplies bf16 natively, float16 autocast with a gradient scaler on GPUs of capability 7.x such as the T4, float32 elsewhere), float32, bfloat16 or float16; evaluation is float32"})
     eval_tokens: int = field(default=65536, metadata={"help": "validation targets scored at every length (the same ones)"})
     eval_segments: int = field(default=8, metadata={"help": "contiguous stretches the eval_tokens are cut into, spread evenly over the validation plays; each a multiple of the longest length"})
     slide_divisor: int = field(default=4, metadata={"help": "sliding evaluation: stride = evaluation length / this"})
@@ -259,24 +260,42 @@ def _parameter_count(config: ModelConfig) -> int:
         return LanguageModel(config).num_parameters()
 
 # %% ../notebooks/07_extrapolation.ipynb #c11fa612
-def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_tokens: Tensor, seed: int
-                ) -> tuple[LanguageModel, float]:
+def training_place(device: str | torch.device = "auto", precision: str = "auto") -> tuple[torch.device, str]:
+    """Where and in what precision a model trains, chosen as `python -m aftalibi train` chooses them.
+
+    `device`: auto takes cuda, then mps, then the CPU (`select_device`). `precision`: auto means
+    bf16 autocast where the hardware multiplies bf16 natively (GPUs of compute capability >= 8.0,
+    CPUs with AVX512-BF16 or AMX), float16 autocast with a gradient scaler on the tensor-core GPUs
+    before them (7.x: V100, Colab's T4), float32 elsewhere (`training_precision`).
+    """
+    device = select_device(str(device))
+    return device, training_precision(precision, device)
+
+
+def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_tokens: Tensor, seed: int,
+                device: str | torch.device = "auto") -> tuple[LanguageModel, float]:
     """Train one model on random `train_len` windows with `train`'s recipe; returns it and its last training loss.
 
     The optimizer, learning-rate schedule, gradient clipping and precision are those of `train`
-    (notebook 06) with `config.schedule(seed)`. The same steps and batches for every variant:
-    `seed` fixes the initialisation and the batches, so two variants with one seed see the same
-    characters in the same order. (`train` also re-splits the plays with its seed; here the split
-    stays fixed, so every model is scored on the same validation plays.) A model whose loss or
-    weights end nan or inf stops the experiment with TrainingDiverged.
+    (notebook 06) with `config.schedule(seed)`, on `device` (`training_place`). The same steps and
+    batches for every variant: `seed` fixes the initialisation and the batches, so two variants
+    with one seed see the same characters in the same order, on every device (both are drawn on
+    the CPU). (`train` also re-splits the plays with its seed; here the split stays fixed, so
+    every model is scored on the same validation plays.) A model whose loss or weights end nan or
+    inf stops the experiment with TrainingDiverged.
     """
     schedule = config.schedule(seed)
-    device = torch.device("cpu")
+    device, precision = training_place(device, schedule.precision)
     torch.manual_seed(seed)
-    model = LanguageModel(model_config)
+    model = LanguageModel(model_config).to(device)
     optimizer = make_optimizer(model, schedule)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16,
-                              enabled=training_precision(schedule.precision, device) == "bfloat16")
+    parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
+    autocast = torch.autocast(device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
+                              enabled=precision != "float32")
+    # As in train: float16's smallest normal number is 6e-5, so the loss is scaled up before
+    # backward (small gradients would flush to zero) and the gradients scaled back before
+    # clipping and the step. Disabled, the scaler passes the loss and the steps through unchanged.
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
     batches = torch.Generator().manual_seed(seed)
     model.train()
     for step in range(schedule.max_steps):
@@ -284,12 +303,16 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_to
             group["lr"] = group["peak_lr"] * learning_rate_factor(step, schedule)
         inputs, targets = random_windows(train_tokens, schedule.batch_size, schedule.seq_len, batches)  # [B, L]
         with autocast:
-            _, loss = model(inputs, targets)
+            _, loss = model(inputs.to(device), targets.to(device))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if schedule.grad_clip:
+            for part in parts:
+                scaler.unscale_(part)
             torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
-        optimizer.step()
+        for part in parts:
+            scaler.step(part)  # skipped when float16 gradients overflowed
+        scaler.update()
     last_loss = loss.item()
     if not (math.isfinite(last_loss) and all(torch.isfinite(p).all() for p in model.parameters())):
         raise TrainingDiverged(f"{model_config.mixer} (seed {seed}) diverged: its training loss is {last_loss} at step "
@@ -330,10 +353,16 @@ def _git_commit() -> str | None:
     return commit or None
 
 
-def _this_run(command: str) -> dict:
+def _device_name(device: torch.device) -> str:
+    """"cpu", or a GPU with its model: "cuda (Tesla T4)"."""
+    return f"{device} ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else str(device)
+
+
+def _this_run(command: str, device: torch.device, precision: str) -> dict:
     return {"command": command, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
             "python": platform.python_version(), "torch": torch.__version__, "aftalibi": aftalibi.__version__,
-            "git_commit": _git_commit(), "threads": torch.get_num_threads(), "machine": platform.machine()}
+            "git_commit": _git_commit(), "threads": torch.get_num_threads(), "machine": platform.machine(),
+            "device": _device_name(device), "precision": precision}
 
 
 def _differences(old: dict, new: dict) -> str:
@@ -348,7 +377,8 @@ def saved_model_path(models: Path, variant: str, seed: int, window: int | None =
 
 
 def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
-                   command: str = "aftalibi.extrapolate.run_experiment", log: Callable[[str], None] = print) -> dict:
+                   command: str = "aftalibi.extrapolate.run_experiment", log: Callable[[str], None] = print,
+                   device: str | torch.device = "auto") -> dict:
     """Train every variant and seed, evaluate each at every length, then the window sweep; returns the results.
 
     The order makes a stopped run as informative as it can be: the first seed of every variant,
@@ -363,10 +393,17 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
     A model already saved there by a run of the same configuration is loaded instead of trained
     again; a file there from another configuration is refused, never overwritten.
 
+    Every model trains on `device` in the precision `config.precision` means there, as `train`
+    chooses them (`training_place`: auto is a GPU where there is one, in float16 with a gradient
+    scaler on a T4); evaluation runs in float32 on the same device. The results and the saved
+    models record where they were trained, and a file or a saved model trained on another kind of
+    device, or in another precision, is refused (`_check_same_training`).
+
     Both are checked before any work; the results file is locked for the whole run (`run_lock`: a
     second run on it stops at once), and SIGTERM stops the run as Ctrl-C does.
     """
     path, models = (None if where is None else Path(where) for where in (path, models))
+    device, precision = training_place(device, config.precision)
     if path is not None:
         check_writable(path, "path", folder=False)
     if models is not None:
@@ -376,23 +413,48 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
         for folder in {where for where in (None if path is None else path.parent, models) if where is not None}:
             if folder.is_dir():
                 remove_stale_temporaries(folder)
-        return _experiment(config, path, models, command, log)
+        return _experiment(config, path, models, command, log, device, precision)
+
+
+def _check_same_training(source, trained_on: tuple[str, str | None], device: torch.device, precision: str,
+                         remedy: str) -> None:
+    """Refuse to mix, in one results file, models trained on different kinds of device or in different precisions.
+
+    `trained_on` is (device type, precision) of what `source` holds; a precision of None is not
+    recorded (results and models written before `extrapolate` chose a device: they trained on the
+    CPU). The variants are compared with each other, so they must train alike: a T4 trains in
+    float16 autocast where a CPU trains in float32, GPU kernels round differently, and the file's
+    wall_seconds would add up the hours of two machines. Continuing a CPU run on a GPU (or back)
+    is therefore refused, with one line that says how to go on, rather than mixed in silently.
+    """
+    kind, trained_precision = trained_on
+    if kind != device.type or trained_precision not in (None, precision):
+        there = kind if trained_precision is None else f"{kind} in {trained_precision}"
+        raise ValueError(f"{source} holds models trained on {there}, and this run trains on {device.type} in "
+                         f"{precision}: one results file compares models trained alike; {remedy}")
 
 
 def _experiment(config: ExtrapolationConfig, path: Path | None, models: Path | None, command: str,
-                log: Callable[[str], None]) -> dict:
+                log: Callable[[str], None], device: torch.device, precision: str) -> dict:
     """`run_experiment` with its outputs checked and its results file held."""
     configuration = _jsonable(asdict(config))
+    # "device" is the kind of device every model of the file trained on (each run records its own
+    # device and precision); it is not part of the configuration, which says what is computed.
     results = {"format": RESULTS_FORMAT, "complete": False, "config": configuration, "wall_seconds": 0.0,
-               "device": "cpu", "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
+               "device": device.type, "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
                "runs": [], "training": [], "evaluations": [], "sweep": []}
     if path is not None and path.exists():
         results = load_results(path)
         if results["config"] != configuration:
             raise ValueError(f"{path} holds results of another configuration ({_differences(results['config'], configuration)}): "
                              "run with the options it was started with to continue it, or choose another output file")
+        recorded = [run["precision"] for run in results["runs"] if "precision" in run]
+        _check_same_training(path, (results["device"], recorded[-1] if recorded else None), device, precision,
+                             f"continue it where it was started (--device {results['device']}), or choose another "
+                             "output file")
         log(f"continuing {path}: {len(results['training'])} models and {len(results['sweep'])} sweep points done")
-    results["runs"].append(_this_run(command))
+    results["runs"].append(_this_run(command, device, precision))
+    log(f"training on {_device_name(device)} in {precision}")
     corpus = load_corpus(config.corpus)
     segments = config.validation_segments(corpus)  # [K, S + 1]
     train_tokens, vocab_size = corpus.tokens("train"), len(corpus.tokenizer)
@@ -419,15 +481,17 @@ def _experiment(config: ExtrapolationConfig, path: Path | None, models: Path | N
             if saved.get("extrapolation") != identity:
                 raise ValueError(f"{file} holds a model of another experiment or configuration: save this run's models "
                                  "in another folder, or move that file")
-            model, _ = model_from_checkpoint(saved)
+            _check_same_training(file, (saved.get("device", "cpu"), saved.get("precision")), device, precision,
+                                 "save this run's models in another folder, or run on the device they trained on")
+            model = model_from_checkpoint(saved)[0].to(device)  # read onto the CPU, evaluated here
             log(f"{file}: saved by an earlier run of this configuration, loaded instead of trained again")
             return model, saved["train_loss"], saved["train_seconds"]
-        (model, train_loss), seconds = timed(lambda: train_model(model_config, config, train_tokens, seed))
+        (model, train_loss), seconds = timed(lambda: train_model(model_config, config, train_tokens, seed, device))
         if file is not None:
             save_checkpoint(file, {"model_config": asdict(model_config), "train_config": asdict(config.schedule(seed)),
                                    "tokenizer": corpus.tokenizer.state_dict(), "model": model.state_dict(),
                                    "step": config.steps, "train_loss": train_loss, "train_seconds": seconds,
-                                   "extrapolation": identity})
+                                   "extrapolation": identity, "device": device.type, "precision": precision})
         return model, train_loss, seconds
 
     done = {(r["variant"], r["seed"]) for r in results["training"]}
@@ -480,6 +544,9 @@ def _jsonable(value):
 _RESULT_FIELDS = {"format": str, "complete": bool, "config": dict, "wall_seconds": (int, float), "device": str,
                   "runs": list, "training": list, "evaluations": list, "sweep": list}
 _RUN_FIELDS = {"command", "started", "python", "torch", "aftalibi", "git_commit", "threads", "machine"}
+# Where each run trained, and in what precision: recorded since `extrapolate` chooses a device;
+# the runs before lack both (they trained on the CPU, as the file's "device" says).
+_RUN_PLACE_FIELDS = {"device", "precision"}
 _TRAINING_FIELDS = {"variant", "seed", "parameters", "d_ff", "train_loss", "train_seconds", "eval_seconds"}
 _EVALUATION_FIELDS = {"variant", "seed", "length", "mode", "stride", "loss", "reason"}
 _SWEEP_FIELDS = {"variant", "window", "seed", "loss", "parameters", "d_ff", "seconds", "reused"}
@@ -493,11 +560,14 @@ def check_results(results, source: str = "results") -> dict:
         if not isinstance(results.get(name), kind):
             raise ValueError(f"{source}: field {name!r} must be of type {getattr(kind, '__name__', 'number')}, "
                              f"got {type(results.get(name)).__name__}")
-    for records, fields, what in ((results["runs"], _RUN_FIELDS, "run"), (results["training"], _TRAINING_FIELDS, "training record"),
-                                  (results["evaluations"], _EVALUATION_FIELDS, "evaluation"), (results["sweep"], _SWEEP_FIELDS, "sweep record")):
+    for records, fields, optional, what in ((results["runs"], _RUN_FIELDS, _RUN_PLACE_FIELDS, "run"),
+                                            (results["training"], _TRAINING_FIELDS, set(), "training record"),
+                                            (results["evaluations"], _EVALUATION_FIELDS, set(), "evaluation"),
+                                            (results["sweep"], _SWEEP_FIELDS, set(), "sweep record")):
         for record in records:
-            if not isinstance(record, dict) or set(record) != fields:
-                raise ValueError(f"{source}: every {what} needs exactly the fields {sorted(fields)}, got {record!r}")
+            if not isinstance(record, dict) or set(record) not in (fields, fields | optional):
+                both = f" (and all or none of {sorted(optional)})" if optional else ""
+                raise ValueError(f"{source}: every {what} needs exactly the fields {sorted(fields)}{both}, got {record!r}")
     for record in results["evaluations"]:
         if record["mode"] not in MODES or (record["loss"] is None) == (record["reason"] is None):
             raise ValueError(f"{source}: an evaluation needs a mode in {MODES} and either a loss or a reason, got {record!r}")
