@@ -352,7 +352,7 @@ def add_extrapolate_parser(commands) -> None:
     parser.add_argument("--device", type=torch_device, default="auto", metavar="{auto,cpu,cuda,cuda:N,mps}",
                         help="where the models train, in the precision --precision means there, as train chooses: "
                              "auto is cuda, then mps, then cpu; a results file is continued only on the kind of "
-                             "device it was started on")
+                             "device, and in the precision, that it was started with")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads of torch (default: torch's choice); 1 is fastest on a CPU shared with other jobs")
 
