@@ -349,6 +349,10 @@ def add_extrapolate_parser(commands) -> None:
     parser.add_argument("--save-models", type=Path, default=None, metavar="FOLDER",
                         help="also save every trained model in this folder, as a checkpoint that generate --checkpoint "
                              "reads; models already saved there by this configuration are loaded, not trained again")
+    parser.add_argument("--device", type=torch_device, default="auto", metavar="{auto,cpu,cuda,cuda:N,mps}",
+                        help="where the models train, in the precision --precision means there, as train chooses: "
+                             "auto is cuda, then mps, then cpu; a results file is continued only on the kind of "
+                             "device, and in the precision, that it was started with")
     parser.add_argument("--threads", type=int, default=None,
                         help="CPU threads of torch (default: torch's choice); 1 is fastest on a CPU shared with other jobs")
 
@@ -373,7 +377,7 @@ def extrapolate_command(args, argv: list[str]) -> int:
     # Saved after every model; the same command continues the file, another configuration is refused.
     try:
         results = run_experiment(config, path=args.out, models=args.save_models, command=command,
-                                 log=lambda line: print(line, flush=True))
+                                 log=lambda line: print(line, flush=True), device=args.device)
     except KeyboardInterrupt as stop:
         stopped = "stopped by SIGTERM" if exit_code(stop) == 143 else "interrupted"
         kept = (f"{args.out} holds every model finished before it" if args.out.exists() else "no model had finished")

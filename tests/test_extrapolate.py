@@ -3,6 +3,7 @@ training length, the results file, and the command line's bad input."""
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -16,7 +17,7 @@ from aftalibi.extrapolate import (MODES, RESULTS_FORMAT, VARIANTS, Extrapolation
                                   evaluate_lengths, evaluation_segments, extend_to_length, findings, load_results,
                                   mean_interval, outside_window_share, plot_extrapolation, plot_window_sweep,
                                   results_table, run_experiment, save_results, saved_model_path, summarize,
-                                  sweep_summary, token_losses, window_starts)
+                                  sweep_summary, token_losses, train_model, training_place, window_starts)
 from aftalibi.data import load_corpus
 from aftalibi.model import LanguageModel, ModelConfig
 from aftalibi.train import evaluate, load_checkpoint, model_from_checkpoint
@@ -182,6 +183,7 @@ def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, 
     config = ExtrapolationConfig(**TINY, corpus=corpus_file, variants=("mha-learned", "alibi", "aft-local"))
     path = tmp_path / "results" / "extrapolation.json"
     results = run_experiment(config, path=path, command="test", log=logged.append)
+    assert logged.pop(0) == f"training on cpu in {results['runs'][0]['precision']}"
     # One line per model, seed by seed, then the sweep (window 4 is the main aft-local model's, not retrained).
     assert [line.split(":")[0] for line in logged] == [f"{v} seed {s}" for s in (0, 1) for v in config.variants] + [
         "sweep aft-local window 2 seed 0", "sweep aft-local window 4 seed 0"]
@@ -190,6 +192,8 @@ def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, 
     loaded = load_results(path)
     assert loaded == results and loaded["format"] == RESULTS_FORMAT and loaded["runs"][0]["command"] == "test"
     assert loaded["runs"][0]["torch"] == torch.__version__
+    assert loaded["device"] == loaded["runs"][0]["device"] == "cpu"
+    assert loaded["runs"][0]["precision"] == training_place("cpu", config.precision)[1]
     assert len(loaded["evaluations"]) == 3 * 2 * 3 * len(MODES)  # variants x seeds x lengths x modes
     assert {(r["window"], r["seed"], r["reused"]) for r in loaded["sweep"]} == {(2, 0, False), (4, 0, True)}
     summary = summarize(loaded, "sliding")
@@ -432,3 +436,94 @@ def test_outside_window_share_is_the_definition(mixer):
 def test_outside_window_share_needs_causal_aft_local_or_conv():
     with pytest.raises(ValueError, match="every mixer is a causal AFT-local or AFT-conv layer"):
         outside_window_share(tiny_model(mixer="alibi"), torch.zeros(1, 4, dtype=torch.long))
+
+
+def test_training_place_is_the_one_train_chooses(monkeypatch):
+    """auto: cuda, then mps, then the CPU; fp16 with a gradient scaler on a T4 (7.5), bf16 from 8.0 on."""
+    import aftalibi.train
+
+    monkeypatch.setattr(aftalibi.train, "_mps_available", lambda: False)
+    monkeypatch.setattr(aftalibi.train, "cpu_has_bf16_matmul", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert training_place() == (torch.device("cpu"), "float32")
+    monkeypatch.setattr(aftalibi.train, "cpu_has_bf16_matmul", lambda: True)
+    assert training_place("cpu") == (torch.device("cpu"), "bfloat16")
+    assert training_place("cpu", "float16") == (torch.device("cpu"), "float16")
+    with pytest.raises(ValueError, match="device 'cuda': this machine has no CUDA device"):
+        training_place("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    for capability, precision in (((7, 5), "float16"), ((8, 0), "bfloat16"), ((6, 1), "float32")):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device, capability=capability: capability)
+        assert training_place() == (torch.device("cuda"), precision)
+        assert training_place(torch.device("cuda"), "float32") == (torch.device("cuda"), "float32")
+
+
+@pytest.mark.parametrize("precision", ["float16", "float32"])
+def test_float16_training_scales_its_gradients(corpus_file, monkeypatch, precision):
+    """float16 autocast trains through a GradScaler (here on the CPU), as on a T4; other precisions without one."""
+    scalers = []
+
+    class RecordedScaler(torch.amp.GradScaler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            scalers.append(self)
+            self.scaled = 0
+
+        def scale(self, outputs):
+            self.scaled += 1
+            return super().scale(outputs)
+
+    monkeypatch.setattr(torch.amp, "GradScaler", RecordedScaler)
+    config = ExtrapolationConfig(**{**TINY, "precision": precision}, corpus=corpus_file)
+    corpus = load_corpus(corpus_file)
+    for variant in ("alibi", "aft-local"):
+        model_config = config.model_config(variant, len(corpus.tokenizer))
+        torch.manual_seed(0)
+        initial = LanguageModel(model_config).state_dict()
+        model, loss = train_model(model_config, config, corpus.tokens("train"), seed=0, device="cpu")
+        scaler = scalers.pop()
+        assert scaler.is_enabled() == (precision == "float16") and scaler.scaled == config.steps
+        assert math.isfinite(loss) and any(not torch.equal(initial[name], value)
+                                           for name, value in model.state_dict().items())
+
+
+def test_a_results_file_is_continued_only_where_its_models_trained(corpus_file, tmp_path, monkeypatch, capsys):
+    import aftalibi.extrapolate as extrapolate
+
+    # The committed results, written before runs recorded their device, load as they are.
+    root = Path(__file__).resolve().parent.parent
+    shipped = load_results(root / "aftalibi" / "results" / "extrapolation.json")
+    assert shipped["device"] == "cpu" and all("device" not in run for run in shipped["runs"])
+    config = ExtrapolationConfig(**{**TINY, "seeds": (0,), "sweep_windows": ()}, corpus=corpus_file, variants=("alibi",))
+    path = tmp_path / "extrapolation.json"
+    first = run_experiment(config, path=path, models=tmp_path / "models", log=lambda line: None)
+    cpu_precision = first["runs"][0]["precision"]
+    # A file of that older kind (runs without device and precision) is continued on the CPU.
+    save_results({**first, "runs": [{k: v for k, v in run.items() if k not in ("device", "precision")}
+                                    for run in first["runs"]]}, path)
+    continued = run_experiment(config, path=path, log=lambda line: None)
+    assert [sorted(run) == sorted(first["runs"][0]) for run in continued["runs"]] == [False, True]
+    # On a GPU, or in another precision, it is refused before any work, and left as it was.
+    before = path.read_bytes()
+    monkeypatch.setattr(extrapolate, "train_model", lambda *args, **kwargs: pytest.fail("trained before the refusal"))
+    other = "float16" if cpu_precision != "float16" else "float32"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Tesla T4")  # a stand-in for a T4
+    for place in ((torch.device("cuda"), "float16"), (torch.device("cpu"), other)):
+        monkeypatch.setattr(extrapolate, "training_place", lambda device, precision, place=place: place)
+        with pytest.raises(ValueError, match=re.escape(
+                f"{path} holds models trained on cpu in {cpu_precision}, and this run trains on {place[0].type} in "
+                f"{place[1]}: one results file compares models trained alike; continue it where it was started "
+                "(--device cpu), or choose another output file")):
+            run_experiment(config, path=path, log=lambda line: None)
+        assert path.read_bytes() == before
+        # Nor is a saved model of the CPU loaded into a new results file of another device or precision.
+        with pytest.raises(ValueError, match=f"alibi-seed0.pt holds models trained on cpu in {cpu_precision}"):
+            run_experiment(config, path=tmp_path / "new.json", models=tmp_path / "models", log=lambda line: None)
+    monkeypatch.undo()
+    # The command line: --device is chosen as train chooses it, and a missing GPU is one error line.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["extrapolate", "--device", "cuda", "--out", str(path)]) == 2
+    assert capsys.readouterr().err == ("aftalibi extrapolate: error: device 'cuda': this machine has no CUDA device "
+                                       "that torch can use; use auto or cpu\n")
+    assert path.read_bytes() == before
