@@ -135,6 +135,39 @@ def test_a_write_stopped_by_a_signal_leaves_the_old_file_and_no_temporary(tmp_pa
     assert path.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["file"]
 
 
+class SignalsMidway:
+    """A file that sends `signal_number` to this process on its third write, in the middle of a
+    `torch.save`, and goes on writing."""
+
+    def __init__(self, file, signal_number: int):
+        self.file, self.signal_number, self.writes = file, signal_number, 0
+
+    def write(self, data) -> int:
+        self.writes += 1
+        if self.writes == 3:
+            os.kill(os.getpid(), self.signal_number)
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+
+@pytest.mark.parametrize("signal_number,stop", [(signal.SIGTERM, training.Terminated),
+                                                (signal.SIGINT, KeyboardInterrupt)])
+def test_a_signal_during_a_write_is_held_until_the_file_is_whole(tmp_path, signal_number, stop):
+    """Raised inside `torch.save`'s writes, an exception comes out of torch's zip writer as a
+    RuntimeError ("unexpected pos"), and the run would end with a traceback and exit 1: SIGINT and
+    SIGTERM wait until the file is written and renamed, then stop the run as usual."""
+    path, state = tmp_path / "checkpoint.pt", {"weights": torch.arange(4096.0)}
+    with training.sigterm_stops_like_ctrl_c(), pytest.raises(stop) as stopped:
+        replace_atomically(path, lambda file: torch.save(state, SignalsMidway(file, signal_number)))
+    assert type(stopped.value) is stop  # not a RuntimeError out of torch.save
+    assert torch.equal(torch.load(path)["weights"], state["weights"])
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL  # the handlers are back
+    assert signal.getsignal(signal.SIGINT) == signal.default_int_handler
+
+
 @pytest.mark.parametrize("arguments,message", [
     (["--learning-rate", "inf"], "learning_rate must be a finite number in [0, 1], got inf"),
     (["--learning-rate", "1e30"], "learning_rate must be a finite number in [0, 1], got 1e+30"),
