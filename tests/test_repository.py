@@ -103,7 +103,8 @@ def test_the_layer_a_reader_came_for_comes_first(notebook, layer, within):
     assert max(len(cell.splitlines()) for cell in cells) <= 50
 
 
-@pytest.mark.parametrize("notebook", ["01_attention.ipynb", "02_aft.ipynb", "03_alibi.ipynb", "08_aft_kernels.ipynb",
+@pytest.mark.parametrize("notebook", ["01_attention.ipynb", "02_aft.ipynb", "03_alibi.ipynb", "04_model.ipynb",
+                                      "05_data.ipynb", "06_train.ipynb", "08_aft_kernels.ipynb",
                                       "09_alibi_kernels.ipynb", "10_aft_triton.ipynb"])
 def test_notebook_code_fits_the_docs_column(notebook):
     """The docs show code cells 88 characters wide: longer lines scroll sideways."""
