@@ -127,7 +127,7 @@ class CharTokenizer:
     @classmethod
     def from_state_dict(cls, state: dict) -> CharTokenizer:
         if (not isinstance(state, dict) or state.get("kind") != "char"
-            or not isinstance(state.get("vocabulary"), str)):
+                or not isinstance(state.get("vocabulary"), str)):
             raise ValueError("not a character tokenizer's state: "
                              "expected {'kind': 'char', 'vocabulary': str}")
         return cls(state["vocabulary"])

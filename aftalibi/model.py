@@ -232,8 +232,8 @@ class LanguageModel(nn.Module):
         for i, block in enumerate(self.blocks):
             x = block(x, attention_mask=attention_mask,
                       kv_cache=None if caches is None else caches[i])
-        logits = F.linear(self.final_norm(x),
-                          self.embedding.weight)  # tied output layer
+        # tied output layer
+        logits = F.linear(self.final_norm(x), self.embedding.weight)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -282,7 +282,7 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
     sequence, step_input = prompt, prompt if limit is None else prompt[:, -limit:]
     for _ in range(max_new_tokens):
         if (caches is not None and limit is not None
-            and len(caches[0]) + step_input.shape[1] > limit):
+                and len(caches[0]) + step_input.shape[1] > limit):
             # the cache is full: from here on, each step reads the last max_len
             # tokens afresh
             caches = None

@@ -41,14 +41,14 @@ __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'FLOAT_LIMITS', 
 OPTIMIZERS = ("adamw", "muon")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
-# The model of the CPU demo: what `python -m aftalibi train` builds when no model option
-# is given (and `train` when it gets no model_config); every other field keeps
-# ModelConfig's default.
+# The model of the CPU demo: what `python -m aftalibi train` builds when no model
+# option is given (and `train` when it gets no model_config); every other field
+# keeps ModelConfig's default.
 DEMO_MODEL = {"mixer": "alibi", "n_layers": 6, "d_ff": 256}
 
-# Named starting points of the command line (`--preset NAME`): the model's options and
-# the training options that differ from the defaults; options given beside --preset
-# override it.
+# Named starting points of the command line (`--preset NAME`): the model's options
+# and the training options that differ from the defaults; options given beside
+# --preset override it.
 PRESETS = {
     "demo": {"model": DEMO_MODEL, "train": {}},
     # About 10.7M parameters for one GPU: 64 windows of 256 characters per step,
@@ -66,8 +66,8 @@ FLOAT_LIMITS = {"learning_rate": 1.0, "min_learning_rate": 1.0,
                 "muon_learning_rate": 1.0, "weight_decay": math.inf,
                 "grad_clip": math.inf}
 
-# Characters per validation window when eval_seq_len is not given and the model has no
-# position limit.
+# Characters per validation window when eval_seq_len is not given and the model
+# has no position limit.
 EVAL_SEQ_LEN = 256
 
 
@@ -180,8 +180,8 @@ def validation_length(config: TrainConfig, model: ModelConfig) -> int:
 
 # What a resumed run may change: how it reports and where it runs, not what it computes.
 # Every other setting (the model, the data, the schedule, max_steps) is the saved run's.
-RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile", "aft_kernel",
-             "out_dir")
+RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile",
+             "aft_kernel", "out_dir")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def _mps_available() -> bool:
@@ -483,8 +483,8 @@ def save_checkpoint(path: Path, state: dict) -> None:
     replace_atomically(path, lambda file: torch.save(state, file))
 
 # %% ../notebooks/06_train.ipynb #ae60e44c
-# What every checkpoint holds (a model-only file too), and what most hold; each with its
-# type.
+# What every checkpoint holds (a model-only file too), and what most hold;
+# each with its type.
 CHECKPOINT_FIELDS = {"model_config": dict, "tokenizer": dict, "model": dict}
 OPTIONAL_CHECKPOINT_FIELDS = {"train_config": dict, "step": int, "history": list,
                               "optimizer": dict}
@@ -535,9 +535,9 @@ def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
                if name in state}
     for name, kind in {**CHECKPOINT_FIELDS, **present}.items():
         if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool):
-            raise CheckpointError(f"{source}: entry {name!r} must be of type "
-                                  f"{kind.__name__}, "
-                                  f"got {type(state.get(name)).__name__}")
+            raise CheckpointError(
+                f"{source}: entry {name!r} must be of type {kind.__name__}, "
+                f"got {type(state.get(name)).__name__}")
     weights = state["model"]
     if not all(isinstance(name, str) and isinstance(tensor, torch.Tensor)
                for name, tensor in weights.items()):
@@ -722,7 +722,7 @@ def sigterm_stops_like_ctrl_c():
     the program installed itself is left alone. The default comes back after the block.
     """
     if (threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
         yield
         return
 
@@ -996,8 +996,8 @@ def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True)
             yield
     finally:
         del logger.log
-        # labml's file writer is a thread of its own: the record is complete when the
-        # run returns.
+        # labml's file writer is a thread of its own: the record is complete
+        # when the run returns.
         for thread in threading.enumerate():
             if isinstance(thread, FileWriterThread):
                 thread.join(timeout=10)
@@ -1038,8 +1038,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         raise ValueError(f"session_steps must be >= 1, got {session_steps}")
     folder, is_main = Path(config.out_dir), Distributed.from_environment().is_main
     check_writable(folder, "out_dir", folder=True)
-    # Rank 0 holds the folder for the whole job (under torchrun the other ranks write
-    # nothing there).
+    # Rank 0 holds the folder for the whole job (under torchrun the other ranks
+    # write nothing there).
     with sigterm_stops_like_ctrl_c(), (run_lock(folder / ".lock", "out_dir") if is_main
                                        else contextlib.nullcontext()):
         if is_main:
@@ -1092,12 +1092,12 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
     corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
     for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
         if (model_settings.max_positions is not None
-            and length > model_settings.max_positions):
+                and length > model_settings.max_positions):
             raise ValueError(f"{name}={length} is longer than this model's "
                              f"max_len={model_settings.max_positions}")
     if model_settings.max_positions is not None and eval_seq_len > config.seq_len:
-        # Positions seq_len .. max_len - 1 of an absolute-position model never receive a
-        # gradient.
+        # Positions seq_len .. max_len - 1 of an absolute-position model never
+        # receive a gradient.
         mixer = ("mha with learned positions" if model_settings.mixer == "mha"
                  else model_settings.mixer)
         raise ValueError(f"{mixer} has absolute positions and trains only the first "
@@ -1122,9 +1122,9 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
     autocast = torch.autocast(
         device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
         enabled=precision != "float32")
-    # float16's smallest normal number is 6e-5: gradients are scaled up before backward
-    # so that small ones do not flush to zero, and scaled back before clipping and the
-    # step.
+    # float16's smallest normal number is 6e-5: gradients are scaled up before
+    # backward so that small ones do not flush to zero, and scaled back before
+    # clipping and the step.
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
     # draws the windows where they are used
     batches = torch.Generator(device=device).manual_seed(config.seed)
@@ -1138,14 +1138,14 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
         if state.get("batch_generator_device", "cpu") == device.type:
             batches.set_state(state["batch_generator"])
         else:
-            # another kind of device has another generator: a fresh stream, seeded by
-            # the step
+            # another kind of device has another generator: a fresh stream,
+            # seeded by the step
             batches.manual_seed(config.seed + state["step"])
         if scaler.is_enabled() and state.get("grad_scaler"):
             scaler.load_state_dict(state["grad_scaler"])
         step, history = state["step"], state["history"]
-    # The whole corpus lives on the device, one byte per character: batches never cross
-    # the bus.
+    # The whole corpus lives on the device, one byte per character: batches never
+    # cross the bus.
     train_tokens = compact_tokens(corpus.tokens("train"), len(corpus.tokenizer), device)
     validation_tokens = compact_tokens(corpus.tokens("validation"),
                                        len(corpus.tokenizer), device)
