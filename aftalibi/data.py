@@ -70,8 +70,8 @@ def split_by_play(names: list[str], *, validation_fraction: float = 0.1,
         raise CorpusError(f"splitting by play needs at least 3 plays, got {len(names)}")
     if not (0 < validation_fraction < 1 and 0 < test_fraction < 1
             and validation_fraction + test_fraction < 1):
-        raise ValueError("validation_fraction and test_fraction must be in (0, "
-                         f"1) and sum to less than 1, got {validation_fraction} and "
+        raise ValueError("validation_fraction and test_fraction must be in (0, 1) and "
+                         f"sum to less than 1, got {validation_fraction} and "
                          f"{test_fraction}")
     shuffled = sorted(names)
     random.Random(seed).shuffle(shuffled)
