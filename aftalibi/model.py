@@ -13,8 +13,9 @@ from torch import Tensor
 
 from .aft import AFTConv, AFTFull, AFTLocal, AFTSimple
 from .alibi import AlibiMultiHeadAttention
-from .attention import (KVCache, LearnedPositionEncoding, MultiHeadAttention, SinusoidalPositionEncoding,
-                                check_attention_mask, check_tensor)
+from .attention import (KVCache, LearnedPositionEncoding, MultiHeadAttention,
+                                SinusoidalPositionEncoding, check_attention_mask,
+                                check_tensor)
 
 # %% auto #0
 __all__ = ['POSITIONS', 'MIXERS', 'ModelConfig', 'RecurrentCache', 'AFTMixer', 'Block', 'LanguageModel', 'generate']
@@ -27,33 +28,50 @@ POSITIONS = ("sinusoidal", "sinusoidal-paper", "learned", "rotary", "none")
 class ModelConfig:
     """Everything that defines a model; `asdict(config)` is what checkpoints store."""
 
-    vocab_size: int = field(metadata={"help": "number of distinct tokens (set from the corpus)"})
-    mixer: str = field(default="mha", metadata={"help": "token mixer: one of the names in MIXERS"})
-    position: str = field(default="rotary", metadata={"help": "position encoding of mixer mha: sinusoidal (amplitude 0.02), sinusoidal-paper (embeddings times sqrt(d_model) plus unit sinusoids), learned, rotary or none"})
+    vocab_size: int = field(metadata={"help":
+        "number of distinct tokens (set from the corpus)"})
+    mixer: str = field(default="mha", metadata={"help":
+        "token mixer: one of the names in MIXERS"})
+    position: str = field(default="rotary", metadata={"help":
+        "position encoding of mixer mha: sinusoidal (amplitude 0.02), "
+        "sinusoidal-paper (embeddings times sqrt(d_model) plus unit sinusoids), "
+        "learned, rotary or none"})
     d_model: int = field(default=128, metadata={"help": "width of the residual stream"})
     n_layers: int = field(default=4, metadata={"help": "number of blocks"})
-    n_heads: int = field(default=4, metadata={"help": "attention heads (AFT-conv: heads of the kernel)"})
-    d_ff: int = field(default=512, metadata={"help": "hidden width of each block's MLP"})
-    max_len: int = field(default=256, metadata={"help": "longest sequence for absolute position parameters (learned encodings, AFT-full and AFT-local biases)"})
-    window: int = field(default=32, metadata={"help": "window s of aft-local and kernel length of aft-conv"})
-    factor_dim: int = field(default=32, metadata={"help": "rank of aft-full's biases w = U W^T (below max_len, else a dense w would be smaller)"})
+    n_heads: int = field(default=4, metadata={"help":
+        "attention heads (AFT-conv: heads of the kernel)"})
+    d_ff: int = field(default=512, metadata={"help":
+        "hidden width of each block's MLP"})
+    max_len: int = field(default=256, metadata={"help":
+        "longest sequence for absolute position parameters (learned encodings, "
+        "AFT-full and AFT-local biases)"})
+    window: int = field(default=32, metadata={"help":
+        "window s of aft-local and kernel length of aft-conv"})
+    factor_dim: int = field(default=32, metadata={"help":
+        "rank of aft-full's biases w = U W^T "
+        "(below max_len, else a dense w would be smaller)"})
     dropout: float = field(default=0.0, metadata={"help": "dropout probability"})
 
     def __post_init__(self):
         if self.mixer not in MIXERS:
-            raise ValueError(f"unknown mixer {self.mixer!r}; choose one of {', '.join(MIXERS)}")
+            raise ValueError(
+                f"unknown mixer {self.mixer!r}; choose one of {', '.join(MIXERS)}")
         if self.position not in POSITIONS:
-            raise ValueError(f"unknown position encoding {self.position!r}; choose one of {', '.join(POSITIONS)}")
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "window", "factor_dim"):
+            raise ValueError(f"unknown position encoding {self.position!r}; "
+                             f"choose one of {', '.join(POSITIONS)}")
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len",
+                     "window", "factor_dim"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads "
+                             f"({self.n_heads})")
 
     @property
     def max_positions(self) -> int | None:
         """The longest sequence the model can process, or None when it has no limit."""
-        absolute = self.mixer in ("aft-full", "aft-local") or (self.mixer == "mha" and self.position == "learned")
+        absolute = (self.mixer in ("aft-full", "aft-local")
+                    or (self.mixer == "mha" and self.position == "learned"))
         return self.max_len if absolute else None
 
 # %% ../notebooks/04_model.ipynb #22145a76
@@ -63,11 +81,13 @@ def _mha(config: ModelConfig) -> nn.Module:
 
 
 def _alibi(config: ModelConfig) -> nn.Module:
-    return AlibiMultiHeadAttention(config.d_model, config.n_heads, dropout=config.dropout)
+    return AlibiMultiHeadAttention(config.d_model, config.n_heads,
+                                   dropout=config.dropout)
 
 
 class RecurrentCache:
-    """The decoding cache of an AFT mixer: its recurrent state and how many positions it has seen."""
+    """The decoding cache of an AFT mixer: its recurrent state and how many positions it
+    has seen."""
 
     def __init__(self):
         self.state, self.length = None, 0
@@ -79,8 +99,9 @@ class RecurrentCache:
 class AFTMixer(nn.Module):
     """Puts an AFT layer behind the mixer interface.
 
-    The layers take `key_padding_mask` (True = padding), the opposite of `attention_mask`, and
-    decode through `step` on one token at a time, which the cache path loops over.
+    The layers take `key_padding_mask` (True = padding), the opposite of
+    `attention_mask`, and decode through `step` on one token at a time, which the cache
+    path loops over.
     """
 
     def __init__(self, layer: nn.Module):
@@ -89,15 +110,19 @@ class AFTMixer(nn.Module):
 
     @property
     def out(self) -> nn.Linear:
-        """The layer's output projection W_O, which writes into the residual stream (as attention's `out`)."""
+        """The layer's output projection W_O, which writes into the residual stream (as
+        attention's `out`)."""
         return self.layer.out
 
-    def forward(self, x: Tensor, attention_mask: Tensor | None = None, kv_cache: RecurrentCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None,
+                kv_cache: RecurrentCache | None = None) -> Tensor:
         if kv_cache is None:
-            padding = None if attention_mask is None else ~check_attention_mask(attention_mask, x.shape[0], x.shape[1])
+            padding = None if attention_mask is None else ~check_attention_mask(
+                attention_mask, x.shape[0], x.shape[1])
             return self.layer(x, key_padding_mask=padding)
         if attention_mask is not None:
-            raise ValueError("AFT decoding with a cache takes no attention_mask: decode unpadded prompts")
+            raise ValueError("AFT decoding with a cache takes no attention_mask: "
+                             "decode unpadded prompts")
         if kv_cache.state is None:
             kv_cache.state = self.layer.new_state()
         outputs = [self.layer.step(x[:, t], kv_cache.state) for t in range(x.shape[1])]
@@ -107,13 +132,16 @@ class AFTMixer(nn.Module):
 
 def _aft(config: ModelConfig) -> nn.Module:
     d, n = config.d_model, config.max_len
-    layer = {"aft-full": lambda: AFTFull(d, n, factor_dim=config.factor_dim), "aft-simple": lambda: AFTSimple(d),
-             "aft-local": lambda: AFTLocal(d, n, config.window),
-             "aft-conv": lambda: AFTConv(d, config.n_heads, config.window)}[config.mixer]()
+    layer = {
+        "aft-full": lambda: AFTFull(d, n, factor_dim=config.factor_dim),
+        "aft-simple": lambda: AFTSimple(d),
+        "aft-local": lambda: AFTLocal(d, n, config.window),
+        "aft-conv": lambda: AFTConv(d, config.n_heads, config.window)}[config.mixer]()
     return AFTMixer(layer)
 
 
-MIXERS = {"mha": _mha, "alibi": _alibi, "aft-full": _aft, "aft-simple": _aft, "aft-local": _aft, "aft-conv": _aft}
+MIXERS = {"mha": _mha, "alibi": _alibi, "aft-full": _aft, "aft-simple": _aft,
+          "aft-local": _aft, "aft-conv": _aft}
 
 # %% ../notebooks/04_model.ipynb #1eab158a
 class Block(nn.Module):
@@ -125,19 +153,24 @@ class Block(nn.Module):
         self.mixer = MIXERS[config.mixer](config)
         self.mlp_norm = nn.LayerNorm(config.d_model)
         self.mlp = nn.Sequential(nn.Linear(config.d_model, config.d_ff), nn.GELU(),
-                                 nn.Linear(config.d_ff, config.d_model), nn.Dropout(config.dropout))
+                                 nn.Linear(config.d_ff, config.d_model),
+                                 nn.Dropout(config.dropout))
 
     def residual_projections(self) -> tuple[nn.Linear, nn.Linear]:
-        """The two layers that write into the residual stream: the mixer's output projection and the MLP's W_2."""
+        """The two layers that write into the residual stream: the mixer's output
+        projection and the MLP's W_2."""
         return self.mixer.out, self.mlp[2]
 
-    def forward(self, x: Tensor, attention_mask: Tensor | None = None, kv_cache=None) -> Tensor:
-        x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask, kv_cache=kv_cache)
+    def forward(self, x: Tensor, attention_mask: Tensor | None = None,
+                kv_cache=None) -> Tensor:
+        x = x + self.mixer(self.mixer_norm(x), attention_mask=attention_mask,
+                           kv_cache=kv_cache)
         return x + self.mlp(self.mlp_norm(x))
 
-
+# %% ../notebooks/04_model.ipynb #dacc6ec7
 class LanguageModel(nn.Module):
-    """Decoder-only transformer over token ids `[B, T]`; returns logits `[B, T, vocab_size]`."""
+    """Decoder-only transformer over token ids `[B, T]`; returns logits
+    `[B, T, vocab_size]`."""
 
     def __init__(self, config: ModelConfig):
         super().__init__()
@@ -146,11 +179,12 @@ class LanguageModel(nn.Module):
         self.embedding_scale = 1.0
         self.position = None
         if config.mixer == "mha" and config.position == "sinusoidal":
-            # At the embeddings' init std, 0.02: the same ratio as the paper at initialisation (notebook 01),
-            # but the trained embeddings outgrow it.
+            # At the embeddings' init std, 0.02: the same ratio as the paper at
+            # initialisation (notebook 01), but the trained embeddings outgrow it.
             self.position = SinusoidalPositionEncoding(config.d_model, amplitude=0.02)
         elif config.mixer == "mha" and config.position == "sinusoidal-paper":
-            # The Transformer paper's sqrt(d) E[x_t] + PE_t: unit sinusoids beside embeddings scaled up to their size.
+            # The Transformer paper's sqrt(d) E[x_t] + PE_t: unit sinusoids beside
+            # embeddings scaled up to their size.
             self.embedding_scale = math.sqrt(config.d_model)
             self.position = SinusoidalPositionEncoding(config.d_model, amplitude=1.0)
         elif config.mixer == "mha" and config.position == "learned":
@@ -161,7 +195,8 @@ class LanguageModel(nn.Module):
         self.apply(self._init_weights)
         for block in self.blocks:
             for projection in block.residual_projections():
-                nn.init.normal_(projection.weight, std=0.02 / math.sqrt(2 * config.n_layers))
+                nn.init.normal_(projection.weight,
+                                std=0.02 / math.sqrt(2 * config.n_layers))
 
     @staticmethod
     def _init_weights(module: nn.Module) -> None:
@@ -172,26 +207,33 @@ class LanguageModel(nn.Module):
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())
 
-    def forward(self, ids: Tensor, targets: Tensor | None = None, attention_mask: Tensor | None = None,
+    def forward(self, ids: Tensor, targets: Tensor | None = None,
+                attention_mask: Tensor | None = None,
                 caches: list | None = None) -> tuple[Tensor, Tensor | None]:
-        """Logits `[B, T, vocab]`, and the mean cross-entropy (nats per token) when `targets` is given.
+        """Logits `[B, T, vocab]`, and the mean cross-entropy (nats per token) when
+        `targets` is given.
 
-        `caches` (one per block, from `new_caches`) makes the call continue a decoded sequence.
+        `caches` (one per block, from `new_caches`) makes the call continue a decoded
+        sequence.
         """
         check_tensor("ids", ids, (None, None), "[B, T]", floating=False)
         past = 0 if caches is None else len(caches[0])
         limit = self.config.max_positions
         if limit is not None and past + ids.shape[1] > limit:
-            raise ValueError(f"sequence of {past + ids.shape[1]} tokens is longer than max_len={limit} of the absolute "
-                             f"positions of {self.config.mixer}; the mixers alibi, aft-simple, aft-conv and mha with "
-                             "sinusoidal, rotary or no position encoding can run longer")
+            raise ValueError(f"sequence of {past + ids.shape[1]} tokens is longer than "
+                             f"max_len={limit} of the absolute positions of "
+                             f"{self.config.mixer}; the mixers alibi, aft-simple, "
+                             "aft-conv and mha with sinusoidal, rotary or no position "
+                             "encoding can run longer")
         x = self.embedding(ids) * self.embedding_scale  # [B, T, d_model]
         if self.position is not None:
             x = self.position(x, offset=past)
         x = self.dropout(x)
         for i, block in enumerate(self.blocks):
-            x = block(x, attention_mask=attention_mask, kv_cache=None if caches is None else caches[i])
-        logits = F.linear(self.final_norm(x), self.embedding.weight)  # tied output layer
+            x = block(x, attention_mask=attention_mask,
+                      kv_cache=None if caches is None else caches[i])
+        # tied output layer
+        logits = F.linear(self.final_norm(x), self.embedding.weight)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
@@ -199,21 +241,25 @@ class LanguageModel(nn.Module):
 
     def new_caches(self) -> list:
         """One empty decoding cache per block."""
-        return [RecurrentCache() if isinstance(block.mixer, AFTMixer) else KVCache() for block in self.blocks]
+        return [RecurrentCache() if isinstance(block.mixer, AFTMixer) else KVCache()
+                for block in self.blocks]
 
 # %% ../notebooks/04_model.ipynb #0e65dad5
 @torch.no_grad()
-def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, temperature: float = 1.0,
-             top_k: int | None = None, generator: torch.Generator | None = None, use_cache: bool = True,
+def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True,
              context_len: int | None = None) -> Tensor:
-    """Continue `prompt` (`[B, T]` ids) by `max_new_tokens` sampled tokens; returns `[B, T + max_new_tokens]`.
+    """Continue `prompt` (`[B, T]` ids) by `max_new_tokens` sampled tokens; returns
+    `[B, T + max_new_tokens]`.
 
-    temperature = 0 picks the most likely token (greedy decoding). Any length can be generated:
-    a model with absolute positions (aft-full, aft-local, mha with learned positions) reads only the
-    last `max_len` tokens, as nanoGPT does, or the last `context_len` when that is given (the
-    training length of a model trained on windows shorter than `max_len`, whose later positions
-    were never trained); it decodes with its cache until the cache holds that many positions,
-    then recomputes each token from the cropped context. `context_len` crops any model's context.
+    temperature = 0 picks the most likely token (greedy decoding). Any length can be
+    generated: a model with absolute positions (aft-full, aft-local, mha with learned
+    positions) reads only the last `max_len` tokens, as nanoGPT does, or the last
+    `context_len` when that is given (the training length of a model trained on windows
+    shorter than `max_len`, whose later positions were never trained); it decodes with
+    its cache until the cache holds that many positions, then recomputes each token from
+    the cropped context. `context_len` crops any model's context.
     """
     check_tensor("prompt", prompt, (None, None), "[B, T]", floating=False)
     if prompt.shape[1] < 1:
@@ -223,19 +269,25 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, tempe
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     if top_k is not None and not 1 <= top_k <= model.config.vocab_size:
-        raise ValueError(f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
+        raise ValueError(
+            f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
     if context_len is not None and context_len < 1:
         raise ValueError(f"context_len must be >= 1, got {context_len}")
-    limits = [limit for limit in (model.config.max_positions, context_len) if limit is not None]
+    limits = [limit for limit in (model.config.max_positions, context_len)
+              if limit is not None]
     limit = min(limits, default=None)  # None: no limit on the context
     was_training = model.training
     model.eval()
     caches = model.new_caches() if use_cache else None
     sequence, step_input = prompt, prompt if limit is None else prompt[:, -limit:]
     for _ in range(max_new_tokens):
-        if caches is not None and limit is not None and len(caches[0]) + step_input.shape[1] > limit:
-            caches = None  # the cache is full: from here on, each step reads the last max_len tokens afresh
-        context = step_input if caches is not None else sequence if limit is None else sequence[:, -limit:]
+        if (caches is not None and limit is not None
+                and len(caches[0]) + step_input.shape[1] > limit):
+            # the cache is full: from here on, each step reads the last max_len
+            # tokens afresh
+            caches = None
+        context = (step_input if caches is not None else sequence if limit is None
+                   else sequence[:, -limit:])
         logits, _ = model(context, caches=caches)
         logits = logits[:, -1].float()  # [B, vocab]
         if temperature == 0:
@@ -245,7 +297,8 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *, tempe
             if top_k is not None:
                 kth = logits.topk(top_k, dim=-1).values[:, -1:]
                 logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_token = torch.multinomial(logits.softmax(dim=-1), 1, generator=generator)  # [B, 1]
+            next_token = torch.multinomial(logits.softmax(dim=-1), 1,
+                                           generator=generator)  # [B, 1]
         sequence = torch.cat([sequence, next_token], dim=1)  # [B, T + tokens so far]
         step_input = next_token
     model.train(was_training)

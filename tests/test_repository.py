@@ -103,8 +103,7 @@ def test_the_layer_a_reader_came_for_comes_first(notebook, layer, within):
     assert max(len(cell.splitlines()) for cell in cells) <= 50
 
 
-@pytest.mark.parametrize("notebook", ["01_attention.ipynb", "02_aft.ipynb", "03_alibi.ipynb", "08_aft_kernels.ipynb",
-                                      "07_extrapolation.ipynb", "09_alibi_kernels.ipynb", "10_aft_triton.ipynb"])
+@pytest.mark.parametrize("notebook", [path.name for path in NOTEBOOKS])
 def test_notebook_code_fits_the_docs_column(notebook):
     """The docs show code cells 88 characters wide: longer lines scroll sideways."""
     wide = [line for cell in code_cells(notebook) for line in cell.splitlines() if len(line) > 88]
