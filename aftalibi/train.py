@@ -29,13 +29,13 @@ from .model import LanguageModel, ModelConfig, generate
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'FLOAT_LIMITS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CHECKPOINT_FORMAT',
            'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'TrainConfig', 'validation_length', 'select_device',
            'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers',
-           'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'sync_folder', 'replace_atomically',
-           'process_is_running', 'remove_stale_temporaries', 'content_checksum', 'save_checkpoint', 'load_checkpoint',
-           'check_checkpoint', 'saved_model_options', 'trained_context', 'model_from_checkpoint',
-           'check_finite_weights', 'model_only', 'resumed_settings', 'check_new_run', 'RunInUse', 'TrainingDiverged',
-           'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'run_lock', 'Distributed', 'process_group',
-           'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory', 'check_attention_memory', 'Progress',
-           'labml_run', 'train']
+           'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'sync_folder', 'signals_held',
+           'replace_atomically', 'process_is_running', 'remove_stale_temporaries', 'content_checksum',
+           'save_checkpoint', 'load_checkpoint', 'check_checkpoint', 'saved_model_options', 'trained_context',
+           'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_settings', 'check_new_run',
+           'RunInUse', 'TrainingDiverged', 'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'run_lock',
+           'Distributed', 'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory',
+           'check_attention_memory', 'Progress', 'labml_run', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
@@ -398,6 +398,34 @@ def sync_folder(folder: Path) -> None:
             os.close(descriptor)
 
 
+@contextlib.contextmanager
+def signals_held(signal_numbers=(signal.SIGINT, signal.SIGTERM)):
+    """Hold Ctrl-C (SIGINT) and SIGTERM within the block, and deliver them when it ends.
+
+    A signal's exception raised in the middle of `torch.save`'s writes to a file object
+    comes out of torch's zip writer as a RuntimeError ("unexpected pos"), not as the
+    KeyboardInterrupt that saves the run and says where: the run would end with a
+    traceback. So a write is never cut short; the signal acts as soon as it is done.
+    Only in the main thread (the one Python runs handlers in), and only where every
+    handler was set from Python.
+    """
+    handlers = {number: signal.getsignal(number) for number in signal_numbers}
+    main_thread = threading.current_thread() is threading.main_thread()
+    if not main_thread or None in handlers.values():
+        yield
+        return
+    received = []
+    for number in signal_numbers:
+        signal.signal(number, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:
+        for number, handler in handlers.items():
+            signal.signal(number, handler)
+        for number in dict.fromkeys(received):  # each once, in the order they came
+            signal.raise_signal(number)
+
+
 def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     """Write `path` with `write(file)` so that it holds, whatever happens, either its
     old content or all of the new.
@@ -406,18 +434,21 @@ def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
     to the disk (fsync), renamed over `path`, and the rename is flushed too (fsync of
     the folder). The temporary file, `.NAME.PID.tmp`, never outlives the call; one left
     by a killed process is removed by `remove_stale_temporaries`.
+
+    Ctrl-C or SIGTERM meanwhile waits until the file is whole (`signals_held`).
     """
     path = Path(path)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        with open(temporary, "wb") as file:
-            write(file)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, path)
-    finally:
-        temporary.unlink(missing_ok=True)
-    sync_folder(path.parent)
+    with signals_held():
+        try:
+            with open(temporary, "wb") as file:
+                write(file)
+                file.flush()
+                os.fsync(file.fileno())
+            os.replace(temporary, path)
+        finally:
+            temporary.unlink(missing_ok=True)
+        sync_folder(path.parent)
 
 
 def process_is_running(pid: int) -> bool:
