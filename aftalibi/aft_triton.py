@@ -100,6 +100,10 @@ if TRITON_AVAILABLE:
         in_group = (tile % tiles_per_group) * C + tl.arange(0, C)
         return group * group_channels + in_group, group, in_group < group_channels
 
+
+# %% ../notebooks/10_aft_triton.ipynb #01d7dca3
+if TRITON_AVAILABLE:
+
     @triton.jit
     def _forward_kernel(
         q,
