@@ -127,7 +127,7 @@ def table(trials: list[dict], eval_every: int) -> str:
                     f"{sum(t['stray_after_next_run'] for t in group)} | "
                     f"{sum(bool(t['loadable']) for t in written)} of {len(written)} | "
                     f"{sum(t['next_run_ok'] for t in group)} of {len(group)} |")
-    return "\n".join(rows) + f"\n\n(evaluation and checkpoint every {eval_every} steps; exit status -9 is SIGKILL)"
+    return "\n".join(rows) + f"\n\n(evaluation and checkpoint every {eval_every} step{'s' if eval_every != 1 else ''}; exit status -9 is SIGKILL)"
 
 
 def main() -> None:
