@@ -23,14 +23,15 @@ from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 from .model import LanguageModel, ModelConfig
 from aftalibi.train import (
-    Optimizers,
     TrainConfig,
     TrainingDiverged,
     check_writable,
     learning_rate_factor,
     load_checkpoint,
     make_optimizer,
+    mixed_precision,
     model_from_checkpoint,
+    optimizer_step,
     remove_stale_temporaries,
     replace_atomically,
     run_lock,
@@ -485,17 +486,7 @@ def train_model(
     torch.manual_seed(seed)
     model = LanguageModel(model_config).to(device)
     optimizer = make_optimizer(model, schedule)
-    parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
-    autocast = torch.autocast(
-        device.type,
-        dtype=torch.float16 if precision == "float16" else torch.bfloat16,
-        enabled=precision != "float32",
-    )
-    # As in train: float16's smallest normal number is 6e-5, so the loss is scaled up
-    # before backward (small gradients would flush to zero) and the gradients scaled
-    # back before clipping and the step. Disabled, the scaler passes the loss and the
-    # steps through unchanged.
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
+    autocast, scaler = mixed_precision(device, precision)  # as in train
     batches = torch.Generator().manual_seed(seed)
     model.train()
     for step in range(schedule.max_steps):
@@ -506,15 +497,7 @@ def train_model(
         )
         with autocast:
             _, loss = model(inputs.to(device), targets.to(device))
-        optimizer.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        if schedule.grad_clip:
-            for part in parts:
-                scaler.unscale_(part)
-            torch.nn.utils.clip_grad_norm_(model.parameters(), schedule.grad_clip)
-        for part in parts:
-            scaler.step(part)  # skipped when float16 gradients overflowed
-        scaler.update()
+        optimizer_step(loss, model, optimizer, scaler, schedule.grad_clip)
     last_loss = loss.item()
     if not (
         math.isfinite(last_loss)

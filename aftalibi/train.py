@@ -28,14 +28,14 @@ from .model import LanguageModel, ModelConfig, generate
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'FLOAT_LIMITS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CHECKPOINT_FORMAT',
            'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'TrainConfig', 'validation_length', 'select_device',
-           'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'Optimizers',
-           'muon_parameters', 'make_optimizer', 'evaluate', 'CheckpointError', 'sync_folder', 'signals_held',
-           'replace_atomically', 'process_is_running', 'remove_stale_temporaries', 'content_checksum',
-           'save_checkpoint', 'load_checkpoint', 'check_checkpoint', 'saved_model_options', 'trained_context',
-           'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_settings', 'check_new_run',
-           'RunInUse', 'TrainingDiverged', 'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'run_lock',
-           'Distributed', 'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens', 'device_memory',
-           'check_attention_memory', 'Progress', 'labml_run', 'train']
+           'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'mixed_precision',
+           'Optimizers', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate', 'CheckpointError',
+           'sync_folder', 'signals_held', 'replace_atomically', 'process_is_running', 'remove_stale_temporaries',
+           'content_checksum', 'save_checkpoint', 'load_checkpoint', 'check_checkpoint', 'saved_model_options',
+           'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_settings',
+           'check_new_run', 'RunInUse', 'TrainingDiverged', 'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable',
+           'run_lock', 'Distributed', 'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens',
+           'device_memory', 'check_attention_memory', 'Progress', 'labml_run', 'train']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
@@ -269,6 +269,22 @@ def training_precision(precision: str, device: torch.device) -> str:
         return "bfloat16"
     return "float32"
 
+
+def mixed_precision(device: torch.device,
+                    precision: str) -> tuple[torch.autocast, torch.amp.GradScaler]:
+    """The forward pass's autocast and the gradient scaler for `precision` (one of
+    `training_precision`'s answers) on `device`.
+
+    float16's smallest normal number is 6e-5: the loss is scaled up before backward so
+    that small gradients do not flush to zero, and the gradients are scaled back before
+    clipping and the step (`optimizer_step`). The scaler is on for float16 only; off,
+    it passes the loss and the steps through unchanged.
+    """
+    autocast = torch.autocast(
+        device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
+        enabled=precision != "float32")
+    return autocast, torch.amp.GradScaler(device.type, enabled=precision == "float16")
+
 # %% ../notebooks/06_train.ipynb #49c21c7f
 class Optimizers:
     """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with
@@ -342,6 +358,23 @@ def make_optimizer(model: LanguageModel,
         [{"params": matrices, "peak_lr": config.muon_learning_rate}],
         lr=config.muon_learning_rate, weight_decay=0.0, adjust_lr_fn="original")
     return Optimizers(muon, adamw)
+
+
+def optimizer_step(loss: torch.Tensor, model: torch.nn.Module,
+                   optimizer: torch.optim.Optimizer | Optimizers,
+                   scaler: torch.amp.GradScaler, grad_clip: float) -> None:
+    """The backward pass of `loss`, gradient clipping (`grad_clip`; 0: off) and one step
+    of every optimizer, through `scaler` (`mixed_precision`)."""
+    parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
+    optimizer.zero_grad(set_to_none=True)
+    scaler.scale(loss).backward()
+    if grad_clip:
+        for part in parts:
+            scaler.unscale_(part)  # the clipping sees the true gradients
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    for part in parts:
+        scaler.step(part)  # skipped when float16 gradients overflowed
+    scaler.update()
 
 # %% ../notebooks/06_train.ipynb #1f0fc39f
 @torch.no_grad()
@@ -1148,15 +1181,8 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
         model = LanguageModel(model_settings)
     model.to(device)
     optimizer = make_optimizer(model, config)
-    parts = optimizer.optimizers if isinstance(optimizer, Optimizers) else (optimizer,)
     precision = training_precision(config.precision, device)
-    autocast = torch.autocast(
-        device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
-        enabled=precision != "float32")
-    # float16's smallest normal number is 6e-5: gradients are scaled up before
-    # backward so that small ones do not flush to zero, and scaled back before
-    # clipping and the step.
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "float16")
+    autocast, scaler = mixed_precision(device, precision)
     # draws the windows where they are used
     batches = torch.Generator(device=device).manual_seed(config.seed)
     step, history, run_uuid = 0, [], uuid.uuid4().hex
@@ -1244,15 +1270,7 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
                                                  config.seq_len, batches)
                 with autocast:
                     _, loss = forward(inputs[shard], targets[shard])
-                optimizer.zero_grad(set_to_none=True)
-                scaler.scale(loss).backward()
-                if config.grad_clip:
-                    for part in parts:
-                        scaler.unscale_(part)
-                    torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
-                for part in parts:
-                    scaler.step(part)  # skipped when float16 gradients overflowed
-                scaler.update()
+                optimizer_step(loss, model, optimizer, scaler, config.grad_clip)
                 step += 1
                 loss_sum += loss.detach()
                 evaluating = step % config.eval_every == 0 or step == config.max_steps
