@@ -65,6 +65,23 @@ def tiny_checkpoint(path: Path, **changes) -> dict:
     return state
 
 
+def nan_gradients_at(monkeypatch, call: int) -> dict:
+    """Gradients that overflow to nan (as exploding ones do) at the `call`-th gradient clipping of
+    this process; returns the count of calls, which a test may reset."""
+    clip, calls = torch.nn.utils.clip_grad_norm_, {"count": 0}
+
+    def exploding(parameters, max_norm):
+        parameters = list(parameters)
+        calls["count"] += 1
+        if calls["count"] == call:
+            for parameter in parameters:
+                parameter.grad.fill_(math.nan)
+        return clip(parameters, max_norm)
+
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", exploding)
+    return calls
+
+
 # --- Work that is lost ---------------------------------------------------------------------------------------
 
 def test_sigterm_saves_says_where_and_exits_143(corpus_file, tmp_path):
@@ -187,17 +204,7 @@ def test_a_loss_that_becomes_nan_stops_the_run_and_keeps_the_last_good_checkpoin
                                                                                      capsys):
     """Gradients that overflow to nan at the 6th step (as an exploding gradient does): step 6's update makes every
     weight nan, and step 7's loss is nan."""
-    clip, calls = torch.nn.utils.clip_grad_norm_, {"count": 0}
-
-    def exploding(parameters, max_norm):
-        parameters = list(parameters)
-        calls["count"] += 1
-        if calls["count"] == 6:
-            for parameter in parameters:
-                parameter.grad.fill_(math.nan)
-        return clip(parameters, max_norm)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", exploding)
+    calls = nan_gradients_at(monkeypatch, 6)
     out_dir = tmp_path / "run"
     arguments = ["train", "--corpus", corpus_file, *TINY, "--out-dir", str(out_dir), "--max-steps", "10",
                  "--eval-every", "4", "--log-every", "1", "--optimizer", "adamw"]
@@ -239,17 +246,7 @@ def test_extrapolate_holds_its_results_file_and_sigterm_keeps_the_finished_model
 
 def test_an_extrapolation_model_that_diverges_stops_the_experiment_keeping_the_models_before_it(corpus_file, tmp_path,
                                                                                                    monkeypatch):
-    clip, calls = torch.nn.utils.clip_grad_norm_, {"count": 0}
-
-    def exploding(parameters, max_norm):  # the second model's first step: nan gradients
-        parameters = list(parameters)
-        calls["count"] += 1
-        if calls["count"] == 3:
-            for parameter in parameters:
-                parameter.grad.fill_(math.nan)
-        return clip(parameters, max_norm)
-
-    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", exploding)
+    nan_gradients_at(monkeypatch, 3)  # the second model's first step
     config = ExtrapolationConfig(corpus=corpus_file, train_len=8, factors=(1,), d_model=16, n_layers=1, n_heads=2,
                                  d_ff=32, window=4, factor_dim=4, steps=2, batch_size=2, warmup_steps=1, eval_tokens=16,
                                  eval_segments=2, variants=("alibi", "mha-none"), seeds=(0,), sweep_windows=(),
