@@ -81,11 +81,25 @@ def string_constants(source: str) -> list[str]:
             if isinstance(node, ast.Constant) and isinstance(node.value, str)]
 
 
+def repository_paths() -> set[str]:
+    """The repository's files and folders, relative to its root, as git tracks them. Not what a
+    run wrote into the checkout (`runs/demo` after `make demo`): a notebook naming that output path
+    does not read the repository."""
+    listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True)
+    files = [Path(line) for line in listed.stdout.splitlines()]
+    return {str(part) for file in files for part in (file, *file.parents) if part != Path(".")}
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
 def test_no_notebook_reads_a_file_of_the_repository(path):
     """Opened alone, a notebook has nothing beside it: a path into the repository (relative to the
     notebook or to the checkout) would work here and fail on Colab. Files a notebook reads come with
     the package (`aftalibi.RESULTS_FOLDER`)."""
+    tracked = repository_paths()
+
+    def in_repository(candidate: Path) -> bool:
+        return os.path.relpath(candidate, ROOT) in tracked
+
     found = []
     for index, cell in enumerate(nbformat.read(path, as_version=4).cells):
         if cell.cell_type != "code":
@@ -93,9 +107,9 @@ def test_no_notebook_reads_a_file_of_the_repository(path):
         for text in string_constants(cell.source):
             if "\n" in text or not re.search(r"\w", text) or text.startswith("/"):
                 continue  # not a relative path
-            beside = text in {entry.name for entry in path.parent.iterdir() if entry.suffix != ".ipynb"}
+            beside = "/" not in text and not text.endswith(".ipynb") and in_repository(path.parent / text)
             if text.startswith("../") or beside or (PATH_LIKE.search(text) and (
-                    (path.parent / text).exists() or (ROOT / text).exists())):
+                    in_repository(path.parent / text) or in_repository(ROOT / text))):
                 found.append(f"cell {index}: {text!r}")
     assert not found, f"{path.name} reads files of the repository, which a notebook opened alone lacks: {found}"
 
