@@ -21,7 +21,7 @@ PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md",
 # [text](target) and ![alt](target); a target ends at the first space or closing parenthesis.
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
-INLINE_CODE = re.compile(r"`([^`\n]+)`")
+INLINE_CODE = re.compile(r"`([^`]+)`")
 
 
 def text(path: Path) -> str:
