@@ -366,6 +366,9 @@ def test_docstring_dollar_math_becomes_rest_math(search_math):
         "Weights :math:`w_{t, t'}` for \\|t - t'\\| < s, `$not math$`, :math:`m_h`, costs \\$5.",
         "", ".. math::", "", "   Y = \\sigma(Q)", "", "",
         "    .. math::", "", "       a |b|", "", "after"]
+    # The body of a math or literal block is TeX or code: no bar is escaped, no dollar converted.
+    block = ["Where::", "", "    |x| costs $5", "", ".. math::", "", "   \\|w\\| = |t - t'|", "", "Then |t|."]
+    assert search_math.dollar_math_to_rest(block) == block[:-1] + ["Then \\|t\\|."]
     with pytest.raises(ValueError, match="never closes"):
         search_math.dollar_math_to_rest(["$$", "x"])
 
