@@ -19,13 +19,8 @@ __all__ = ['get_slopes', 'MinimalAlibiAttention', 'token_positions', 'alibi_bias
 
 # %% ../notebooks/03_alibi.ipynb #602506c6
 def get_slopes(n_heads: int) -> Tensor:
-    r"""The ALiBi slope of each head, `[n_heads]` float32.
-
-    For :math:`n` a power of two, :math:`m_h = 2^{-8h/n}`, :math:`h = 1 \dots n`.
-    Otherwise, with :math:`p` the largest power of two below :math:`n`: the :math:`p`
-    slopes, then every other slope (1st, 3rd, ...) of the :math:`2p` sequence until
-    there are :math:`n`.
-    """
+    """The fixed ALiBi slope of each of `n_heads` heads, steepest first: `[n_heads]`
+    float32. Any head count >= 1 works, not only powers of two."""
     if isinstance(n_heads, bool) or not isinstance(n_heads, int):
         raise TypeError(f"n_heads must be an int, got {type(n_heads).__name__}")
     if n_heads < 1:
@@ -65,23 +60,21 @@ class MinimalAlibiAttention(nn.Module):
 
 # %% ../notebooks/03_alibi.ipynb #e1f2a3b4
 def token_positions(attention_mask: Tensor) -> Tensor:
-    r"""`[B, T]` position of each token, counting real tokens only: cumsum(mask) - 1.
-
-    A pad token gets the position of the last real token before it (or -1); it is never
-    attended to.
-    """
+    """The position of each token of a `[B, T]` padding mask (1/True: a real token),
+    counting real tokens only: `[B, T]` int64. A pad token gets the position of the last
+    real token before it (-1 before the first); it is never attended to."""
     return attention_mask.long().cumsum(dim=-1) - 1
 
 # %% ../notebooks/03_alibi.ipynb #6d689d28
 def alibi_bias(slopes: Tensor, q_len: int, k_len: int, *, causal: bool = True,
                attention_mask: Tensor | None = None, offset: int = 0) -> Tensor:
-    r"""Additive ALiBi bias, `[1 or B, H, q_len, k_len]` float32: :math:`-m_h (i - j)`.
+    """The additive ALiBi bias of heads with `slopes` (`[H]`): `[1 or B, H, q_len,
+    k_len]` float32, -inf where a query may not attend (the future when `causal`, pad
+    keys). With `causal=False` it falls with the distance in both directions.
 
-    Not causal: :math:`-m_h |i - j|`, a symmetric extension (the paper's models are
-    causal). Query t sits at key index `offset + t` (a decoding step passes
-    offset = k_len - q_len). `attention_mask` is `[B, k_len]`, 1/True for real tokens;
-    distances then count real tokens only. Entries a query may not attend to (the future
-    when causal, pad keys) are -inf.
+    Query t sits at key index `offset + t`: a decoding step passes
+    `offset = k_len - q_len`. `attention_mask` (`[B, k_len]`, 1/True for real tokens)
+    makes distances count real tokens only.
     """
     check_tensor("slopes", slopes, (None,), "[H]")
     if q_len < 1 or k_len < 1:
@@ -114,8 +107,8 @@ def alibi_bias(slopes: Tensor, q_len: int, k_len: int, *, causal: bool = True,
 def alibi_attention_reference(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
                               causal: bool = True,
                               attention_mask: Tensor | None = None) -> Tensor:
-    r"""The oracle: :math:`\mathrm{softmax}(q k^\top / \sqrt{d} + \mathrm{bias})\, v`,
-    computed literally in float64.
+    """The oracle: ALiBi attention of `[B, H, T_q, d]` queries over `[B, H, T_k, d]`
+    keys and values, computed literally in float64, returned in float64.
 
     Queries are the last T_q of the T_k positions; rows with no key to attend to give 0.
     """
@@ -131,14 +124,13 @@ def alibi_attention_reference(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *
 def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
                     causal: bool = True, attention_mask: Tensor | None = None,
                     dropout_p: float = 0.0) -> Tensor:
-    r"""Multi-head ALiBi attention on `[B, H, T, d_head]` heads.
+    """ALiBi attention of `[B, H, T_q, d_head]` queries over `[B, H, T_k, d_head]`
+    keys and `[B, H, T_k, d_v]` values, for heads with `slopes` (`[H]`, see
+    `get_slopes`): returns `[B, H, T_q, d_v]`.
 
-    :math:`\mathrm{softmax}(q k^\top / \sqrt{d_{head}} - m_h (i - j))\, v`, `slopes`
-    `[H]` (see `get_slopes`). `attention_mask` is `[B, T_k]`, 1/True for real tokens;
-    positions then count real tokens only. Queries are the last T_q of the T_k positions
-    (a KV-cache step works). Rows with no real key to attend to give 0, never NaN.
-    Causal attention over a whole unpadded sequence runs on a kernel of
-    `aftalibi.alibi_kernels` that builds no T x T bias.
+    `attention_mask` is `[B, T_k]`, 1/True for real tokens; positions then count real
+    tokens only. Queries are the last T_q of the T_k positions (a KV-cache step works).
+    Rows with no real key to attend to give 0, never NaN.
     """
     check_tensor("q", q, (None, None, None, None), "[B, H, T_q, d_head]")
     batch, n_heads, q_len, d_head = q.shape
@@ -170,9 +162,9 @@ def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
 
 # %% ../notebooks/03_alibi.ipynb #340d17d1
 class AlibiMultiHeadAttention(MultiHeadAttention):
-    r"""Causal (or bidirectional) multi-head attention with ALiBi, `[B, T, d_model]`.
+    """The package's ALiBi layer: `MultiHeadAttention` with no position encoding, causal
+    (or bidirectional), on `[B, T, d_model]`.
 
-    No position encodings: each head h adds :math:`-m_h (i - j)` to its scores.
     `forward(x, attention_mask=None, kv_cache=None)`: `attention_mask` is
     `[B, T_past + T]`, 1/True for real tokens; `kv_cache` is a `KVCache` that the call
     extends with this block.
