@@ -3,7 +3,8 @@
 
 What this extension adds to Sphinx's own internationalisation:
 
-- Display math, the Colab badge and the notebooks' install cells stay out of the catalogues. A
+- Display math, the Colab badge and the cells' outputs (Markdown tables a cell displays) stay out of
+  the catalogues. A
   translated display formula renders as `\\[::\\]` with no warning, and the badge's
   `blob/v<version>` would make its message fuzzy at every release.
 - The annotated pages repeat the notebooks' paragraphs. Their catalogues hold only their own
@@ -72,6 +73,12 @@ def is_untranslatable(node: nodes.Node) -> bool:
     return False
 
 
+def is_output(node: nodes.Node) -> bool:
+    """A notebook cell's output (MyST-NB's `cell_output` container): computed, like the code, and
+    changed by every rerun; a Markdown table a cell displays stays as the code printed it."""
+    return isinstance(node, nodes.container) and "cell_output" in node["classes"]
+
+
 def is_code(node: nodes.Node) -> bool:
     """Code, or a reference whose text is code (`{py:obj}` roles), or blank space."""
     if isinstance(node, nodes.Text):
@@ -90,7 +97,7 @@ class KeepOutOfCatalogues(SphinxTransform):
 
     def apply(self, **kwargs) -> None:
         for node in self.document.findall(nodes.Element):
-            if is_untranslatable(node):
+            if is_untranslatable(node) or is_output(node):
                 node["translatable"] = False
                 for child in node.findall(nodes.Element):
                     if isinstance(child, nodes.TextElement):

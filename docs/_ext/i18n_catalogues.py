@@ -123,6 +123,8 @@ def update(extracted: dict[str, Catalog]) -> None:
             if catalogue is None:
                 catalogue = Catalog(locale=language, project="aftalibi", fuzzy=False)
             catalogue.update(template, update_header_comment=False, update_creation_date=False)
+            for msgid in [k for k, m in catalogue.obsolete.items() if not m.string]:
+                del catalogue.obsolete[msgid]  # an English message gone, never translated
             catalogue.fuzzy = False
             write(path, catalogue)
 
