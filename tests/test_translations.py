@@ -181,6 +181,20 @@ def extracted_03(tmp_path_factory):
     return catalogues.extract(tmp_path_factory.mktemp("pot03"), pages=[NOTEBOOK])[NOTEBOOK]
 
 
+def test_annotated_pages_do_not_repeat_notebook_paragraphs():
+    """A paragraph an annotated page shows from its notebook is translated once, in the notebook's
+    catalogue (the build reads both)."""
+    for language in catalogues.LANGUAGES:
+        for po in sorted((catalogues.LOCALES / language / "LC_MESSAGES" / "annotated").glob("*.po")):
+            page = f"annotated/{po.stem}"
+            own = {m.id for m in catalogues.read(po) if m.id}
+            notebooks = catalogues.shared_notebooks(page)
+            assert notebooks, f"{page}: no notebook found"
+            for notebook in notebooks:
+                repeated = own & {m.id for m in catalogues.read(catalogues.catalogue_path(language, notebook)) if m.id}
+                assert not repeated, f"{language} {page} repeats {notebook}: {sorted(repeated)[:3]}"
+
+
 def test_sinhala_search_keeps_words_whole():
     words = i18n.SearchSinhala({}).split("ALiBi අවධානය ස්ථානීය කේතනය (position encoding)")
     assert words == ["ALiBi", "අවධානය", "ස්ථානීය", "කේතනය", "position", "encoding"]
