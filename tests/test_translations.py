@@ -11,6 +11,7 @@ language switcher whose links resolve.
 """
 
 import json
+from collections import Counter
 import re
 import shutil
 import sys
@@ -65,8 +66,8 @@ def message_problems(msgid: str, msgstr: str) -> list[str]:
     english, translated = kept(msgid), kept(msgstr)
     for kind in KEPT:
         if english[kind] != translated[kind]:
-            missing = sorted(set(english[kind]) - set(translated[kind]))
-            extra = sorted(set(translated[kind]) - set(english[kind]))
+            missing = sorted((Counter(english[kind]) - Counter(translated[kind])).elements())
+            extra = sorted((Counter(translated[kind]) - Counter(english[kind])).elements())
             problems.append(f"{kind} changed (missing {missing}, added {extra})")
     for line in msgstr.splitlines():
         if BLOCK_START.match(line):
