@@ -3,7 +3,7 @@
 
 What this extension adds to Sphinx's own internationalisation:
 
-- Display math, the Colab badge and the cells' outputs (Markdown tables a cell displays) stay out of
+- Display math, the Colab badge, paragraphs of numbers and units only, and the cells' outputs (Markdown tables a cell displays) stay out of
   the catalogues. A
   translated display formula renders as `\\[::\\]` with no warning, and the badge's
   `blob/v<version>` would make its message fuzzy at every release.
@@ -53,6 +53,10 @@ NOT_TRANSLATED = {
 COLAB = re.compile(r"^\s*\[!\[[^\]]*\]\([^)]*\)\]\(https://colab\.research\.google\.com/[^)]*\)\s*$")
 
 
+# A word of two letters or more: a paragraph without one (`1.26 s`, `7.9x`, `T`) is not a message.
+WORD = re.compile(r"[^\W\d_]{2,}")
+
+
 def complete_pages(confdir: Path) -> dict[str, list[str]]:
     """docs/locales/complete.toml: for each language, the pages (docnames) translated in full."""
     manifest = confdir / "locales" / "complete.toml"
@@ -70,6 +74,8 @@ def is_untranslatable(node: nodes.Node) -> bool:
         return True
     if isinstance(node, nodes.paragraph) and node.children and all(map(is_code, node.children)):
         return True
+    if isinstance(node, nodes.paragraph) and not WORD.search(node.astext()):
+        return True  # numbers and units (a table's cells): nothing to translate
     return False
 
 
