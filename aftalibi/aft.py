@@ -22,11 +22,12 @@ __all__ = ['aft_reference', 'MinimalAFTLocal', 'band_of', 'aft_full', 'aft_local
 def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *,
                   causal: bool = False, key_padding_mask: Tensor | None = None
                   ) -> Tensor:
-    """The AFT equation computed literally with a `[B, T, T, d]` tensor: the oracle.
+    """The oracle: AFT on `[B, T, d]` projections, computed literally with a
+    `[B, T, T, d]` tensor; returns `[B, T, d]`.
 
-    `w` is `[T, T]` (one bias per pair) or `[G, T, T]` (one per group of d/G channels,
-    AFT-conv's heads); None means w = 0 (AFT-simple). `key_padding_mask` is `[B, T]`,
-    True at padding. Rows with no key to use give 0.
+    `w` is `[T, T]` (one bias per pair of positions) or `[G, T, T]` (one per group of
+    d / G channels, AFT-conv's heads); None means no bias (AFT-simple).
+    `key_padding_mask` is `[B, T]`, True at padding. Rows with no key to use give 0.
     """
     batch, length, d = q.shape
     if w is None:
@@ -47,8 +48,8 @@ def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *,
 
 # %% ../notebooks/02_aft.ipynb #c5cf4baf
 class MinimalAFTLocal(nn.Module):
-    """AFT-local(s) as its equation, with a dense `[T, T]` bias, O(T^2 d): the oracle
-    of the package's `AFTLocal` (the same parameters, computed by the fast form)."""
+    """AFT-local with a dense `[T, T]` bias, on `[B, T, d_model]`: the oracle of the
+    package's `AFTLocal`, which has the same parameters."""
 
     def __init__(self, d_model: int, max_len: int, window: int, causal: bool = True):
         super().__init__()
@@ -56,7 +57,7 @@ class MinimalAFTLocal(nn.Module):
         self.to_q = nn.Linear(d_model, d_model)  # W_Q
         self.to_k = nn.Linear(d_model, d_model)  # W_K
         self.to_v = nn.Linear(d_model, d_model)  # W_V
-        self.out = nn.Linear(d_model, d_model)  # W_O
+        self.out = nn.Linear(d_model, d_model)  # W_O: not in Eq. 2, a convention
         self.band = nn.Parameter(torch.zeros(max_len, 2 * window - 1))  # w_{t,t+δ}
 
     def forward(self, x: Tensor) -> Tensor:  # x: [B, T, d_model]
@@ -68,15 +69,17 @@ class MinimalAFTLocal(nn.Module):
         w = torch.where(delta.abs() < s, w, 0.0)  # w'_tt': w_tt' if |t-t'| < s, else 0
         if self.causal:
             w = w.masked_fill(delta > 0, float("-inf"))  # only t' <= t: e^{-inf} = 0
-        k = k - k.amax(dim=1, keepdim=True)  # K - c: e^{-c} cancels in num / den
+        k = k - k.amax(dim=1, keepdim=True)  # K - c, c over all t': e^{-c} cancels
         num = torch.exp(w) @ (torch.exp(k) * v)  # sum_t' e^{w'_tt'} e^{K_t'} V_t'
         den = torch.exp(w) @ torch.exp(k)  # sum_t' e^{w'_tt'} e^{K_t'}
-        return self.out(torch.sigmoid(q) * num / den)  # W_O(σ(Q_t) ⊙ num_t / den_t)
+        y = torch.sigmoid(q) * num / den  # Y_t = σ(Q_t) ⊙ num_t / den_t (Eq. 2)
+        return self.out(y)  # Y W_O
 
 # %% ../notebooks/02_aft.ipynb #7e8a64e6
 def band_of(w: Tensor, window: int) -> Tensor:
-    """The band storage `[T, 2 window - 1]` of a `[T, T]` bias:
-    entry (t, delta + window - 1) = w_{t, t + delta}."""
+    """The band of a `[T, T]` bias `w`, `[T, 2 window - 1]`: row t holds the biases of
+    the keys t - window + 1 to t + window - 1, in that order, 0 for a key outside the
+    sequence."""
     length = w.shape[-1]
     offset = torch.arange(-(window - 1), window, device=w.device)
     key_position = torch.arange(length, device=w.device)[:, None] + offset  # [T, 2s-1]
@@ -116,7 +119,8 @@ def _local_sums(qkv, band, window, causal, key_padding_mask):
 # %% ../notebooks/02_aft.ipynb #d4a48c24
 def aft_full(q: Tensor, k: Tensor, v: Tensor, w: Tensor, *, causal: bool = False,
              key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-full on `[B, T, d]` projections with a `[T, T]` bias `w`: O(T^2 d)."""
+    """AFT-full on `[B, T, d]` projections with a `[T, T]` bias `w`; returns
+    `[B, T, d]`."""
     batch, length, _ = kernels.check_qkv(q, k, v)
     check_tensor("w", w, (length, length), "[T, T]")
     key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
@@ -125,8 +129,9 @@ def aft_full(q: Tensor, k: Tensor, v: Tensor, w: Tensor, *, causal: bool = False
 
 def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *,
               causal: bool = False, key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-local(s): the bias `w` (`[T, T]`) where |t - t'| < window, 0 elsewhere.
-    O(T s d)."""
+    """AFT-local on `[B, T, d]` projections: of the `[T, T]` bias `w` only the entries
+    less than `window` positions from the diagonal count, the others are 0. Returns
+    `[B, T, d]`."""
     batch, length, _ = kernels.check_qkv(q, k, v)
     check_tensor("w", w, (length, length), "[T, T]")
     window = min(kernels.check_window(window), max(length, 1))
@@ -137,8 +142,7 @@ def aft_local(q: Tensor, k: Tensor, v: Tensor, w: Tensor, window: int, *,
 
 def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
                key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-simple (w = 0): sigmoid(Q_t) * sum_t' softmax_t'(K) V_t', a (prefix) sum.
-    O(T d)."""
+    """AFT-simple (no bias) on `[B, T, d]` projections; returns `[B, T, d]`."""
     batch, length, _ = kernels.check_qkv(q, k, v)
     key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
     no_bias = q.new_zeros(1, length, 1)  # a band of width 1 holding w_tt = 0
@@ -146,10 +150,9 @@ def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 
 # %% ../notebooks/02_aft.ipynb #8b94ec40
 def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
-    """AFT-conv's relative kernel `[h, s]` as band storage `[h, T, 2s - 1]`.
-
-    Causal: w_{t, t - j} = kernel[:, j] for j = 0 .. s-1. Bidirectional: the kernel is
-    centred, w_{t, t - j + (s - 1) // 2} = kernel[:, j].
+    """AFT-conv's relative `kernel` (`[h, s]`) as the band `[h, T, 2s - 1]` that
+    `band_of` would give: the same row for every query. Causal: `kernel[:, j]` is the
+    bias of the key j positions back. Bidirectional: the kernel is centred on the query.
     """
     heads, window = kernel.shape
     centre = 0 if causal else (window - 1) // 2
@@ -162,8 +165,8 @@ def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
 
 def aft_conv(q: Tensor, k: Tensor, v: Tensor, kernel: Tensor, *, causal: bool = False,
              key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-conv(h, s): `k` is `[B, T, h]` (one key channel per head), q and v
-    `[B, T, d]`, `kernel` `[h, s]`."""
+    """AFT-conv with h heads and window s: `k` is `[B, T, h]` (one key channel per
+    head), `q` and `v` are `[B, T, d]`, `kernel` is `[h, s]`; returns `[B, T, d]`."""
     batch, length, d = kernels.check_qkv(q, k, v, key_channels="h")
     heads = k.shape[-1]
     if d % heads:
@@ -228,8 +231,7 @@ def _too_long(name: str, max_len: int, length: int) -> ValueError:
 
 # %% ../notebooks/02_aft.ipynb #38476aa3
 class AFTSimple(_AFTBase):
-    """AFT-simple (w = 0): Y = sigmoid(Q) * softmax-over-time(K)-weighted sum of V.
-    O(T d) mixing, any length."""
+    """The AFT-simple layer (no position biases) on `[B, T, d_model]`: any length."""
 
     def __init__(self, d_model: int, causal: bool = True, bias: bool = True):
         super().__init__(d_model, d_model, causal, bias)
@@ -248,9 +250,9 @@ class AFTSimple(_AFTBase):
 
 # %% ../notebooks/02_aft.ipynb #34324ffa
 class AFTFull(_AFTBase):
-    """AFT-full with pair-wise biases w, factorised w = U W^T (`factor_dim`, the paper's
-    default) or dense (`factor_dim=None`). Positions are absolute: at most `max_len`
-    tokens."""
+    """The AFT-full layer on `[B, T, d_model]`: a learned bias for every pair of
+    positions, stored as the product of two `[max_len, factor_dim]` matrices, or dense
+    with `factor_dim=None`. Positions are absolute: at most `max_len` tokens."""
 
     def __init__(self, d_model: int, max_len: int, causal: bool = True,
                  factor_dim: int | None = 128, bias: bool = True):
@@ -270,7 +272,7 @@ class AFTFull(_AFTBase):
             self.v = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
 
     def bias_matrix(self, length: int) -> Tensor:
-        """The `[T, T]` biases w for the first `length` positions."""
+        """The `[length, length]` pair biases of the first `length` positions."""
         if length > self.max_len:
             raise _too_long("AFTFull", self.max_len, length)
         if self.factor_dim is None:
@@ -293,9 +295,9 @@ class AFTFull(_AFTBase):
 
 # %% ../notebooks/02_aft.ipynb #a742e34e
 class AFTLocal(_AFTBase):
-    """AFT-local(s): learned biases w_{t,t'} for |t - t'| < window (0 outside), stored
-    as the band `[max_len, 2 window - 1]`. O(T s d) mixing. Positions are absolute: at
-    most `max_len` tokens."""
+    """The AFT-local layer on `[B, T, d_model]`: learned biases for the keys less than
+    `window` positions away, stored as the band `[max_len, 2 window - 1]`. Positions
+    are absolute: at most `max_len` tokens."""
 
     def __init__(self, d_model: int, max_len: int, window: int, causal: bool = True,
                  bias: bool = True):
@@ -327,10 +329,9 @@ class AFTLocal(_AFTBase):
 
 # %% ../notebooks/02_aft.ipynb #a26f328e
 class AFTConv(_AFTBase):
-    """AFT-conv(h, s): one key channel per head and a relative kernel `[h, s]` shared by
-    a head's channels, re-parameterised as gamma (w - mean) / std + beta with
-    gamma = beta = 0 at init (a fresh layer is AFT-simple). Relative: it runs at any
-    length."""
+    """The AFT-conv layer on `[B, T, d_model]`: `n_heads` heads of one key channel each,
+    and a relative kernel of `window` biases per head, normalised and scaled by learned
+    `gamma` and `beta` (both 0 at first: a fresh layer is AFT-simple). Any length."""
 
     def __init__(self, d_model: int, n_heads: int, window: int, causal: bool = True,
                  bias: bool = True):
@@ -344,7 +345,8 @@ class AFTConv(_AFTBase):
         self.beta = nn.Parameter(torch.zeros(n_heads, 1))
 
     def effective_kernel(self) -> Tensor:
-        """w^i = gamma^i (w^i - mean) / std + beta^i, `[h, s]`."""
+        """The kernel the layer uses, `[h, s]`: each head's raw kernel normalised to
+        mean 0 and standard deviation 1, times `gamma`, plus `beta`."""
         mean = self.kernel.mean(-1, keepdim=True)
         std = self.kernel.std(-1, keepdim=True, unbiased=False)
         return self.gamma * (self.kernel - mean) / (std + 1e-5) + self.beta
@@ -366,9 +368,8 @@ class AFTConv(_AFTBase):
 # %% ../notebooks/02_aft.ipynb #d81dd385
 @dataclass
 class AFTState:
-    """What recurrent decoding keeps: running sums over every key so far (shifted by
-    their running max), and the last `window` keys and values for the band. O(window d)
-    memory."""
+    """What recurrent decoding keeps: the running sums over every key so far, shifted by
+    their running max, and the last `window` keys and values for the band."""
 
     window: int
     position: int = 0
@@ -381,13 +382,12 @@ class AFTState:
 # %% ../notebooks/02_aft.ipynb #0a1126b5
 def aft_step(state: AFTState, q: Tensor, k: Tensor, v: Tensor,
              bias: Tensor | None = None) -> Tensor:
-    """One causal decoding step on `[B, d]` projections of the newest token; updates
-    `state`.
+    """One causal decoding step on `[B, d]` projections of the newest token: returns
+    its `[B, d]` output and updates `state`, by the fast form (a running sum plus the
+    band of the last keys).
 
-    `bias` is `[G, n]` with bias[:, j] = w_{t, t - j} for j = 0 .. n - 1 <= window - 1
-    (channel c uses group c // (d / G)), None for AFT-simple. Uses the identity of the
-    fast form:
-    num_t = sum_{t' <= t} a_t' + sum_j expm1(w_{t, t-j}) a_{t-j}, O(window d) per token.
+    `bias` is `[G, n]`, n at most the window: `bias[:, j]` is the bias of the key j
+    positions back, for the G groups of d / G channels; None for AFT-simple.
     """
     acc = kernels.accumulation_dtype(q.dtype)  # float32 or float64 sums
     q, k, v = q.to(acc), k.to(acc), v.to(acc)

@@ -170,10 +170,10 @@ def far_keys(positions: Tensor, window: int, length: int, causal: bool) -> Tenso
 
 
 def row_shifts(band: Tensor, valid: Tensor, far: bool | Tensor) -> Tensor:
-    """The row shift r_t = max_t' w_tt' over the real pairs of each query, and at least
-    0 for a query with keys outside the window (`far`, per query `[..., L, 1]` or for
-    all), which count with bias 0: so that neither e^{w - r} nor e^{0 - r} overflows.
-    `[..., L, 1]`."""
+    r"""The row shift $r_t = \max_{t'} w_{tt'}$ over the real pairs of each query, and
+    at least 0 for a query with keys outside the window (`far`, per query `[..., L, 1]`
+    or for all), which count with bias 0: so that neither $e^{w - r}$ nor $e^{0 - r}$
+    overflows. `[..., L, 1]`."""
     with torch.no_grad():
         shift = band.masked_fill(~valid, float("-inf")).amax(dim=-1, keepdim=True)
         shift = torch.where(shift.isfinite(), shift, torch.zeros_like(shift))
@@ -230,11 +230,11 @@ def decayed_carry(
     reverse: bool = False,
     loop: bool = False,
 ) -> Tensor:
-    """The running totals of earlier blocks carried to block j, rescaled to its shift:
-    sum_{i <= j - lag} x_i e^{shift_i - shift_j}; `reverse`: sum_{i >= j + lag} x_i
-    e^{shift_j - shift_i}, the transposed map (what the backward pass carries from the
-    last block backwards). `loop`: as a recurrence over the blocks (the CPU path)
-    instead of the loop-free scan in log space."""
+    r"""The running totals of earlier blocks carried to block $j$, rescaled to its
+    shift: $\sum_{i \le j - \ell} x_i e^{c_i - c_j}$ ($\ell$ = `lag`, $c$ = `shift`);
+    `reverse`: $\sum_{i \ge j + \ell} x_i e^{c_j - c_i}$, the transposed map (what the
+    backward pass carries from the last block backwards). `loop`: as a recurrence over
+    the blocks (the CPU path) instead of the loop-free scan in log space."""
     prefix = _decayed_prefix_loop if loop else _decayed_prefix
     if reverse:
         return prefix(x.flip(dim), -shift.flip(dim), lag, dim).flip(dim)
@@ -265,8 +265,8 @@ class _DecayedCarry(torch.autograd.Function):
 
 def monotone_shift(shift: Tensor, dim: int) -> Tensor:
     """Running maxima along `dim` with -inf (no key yet: all padding) replaced by the
-    first finite value, so the shifts never fall and every rescale factor e^{c_i - c_j},
-    i < j, is at most 1."""
+    first finite value, so the shifts never fall and every rescale factor
+    $e^{c_i - c_j}$, $i < j$, is at most 1."""
     first_finite = shift.masked_fill(~shift.isfinite(), float("inf")).amin(
         dim=dim, keepdim=True
     )
@@ -285,24 +285,24 @@ SHIFT_HEADROOM = {torch.float32: 60.0, torch.float64: 600.0}
 def key_shifts(
     keys: Tensor, block: int, causal: bool, acc: torch.dtype, from_the_past: bool
 ) -> tuple[Tensor, float]:
-    """The key shift c `[B, n, k]` of each block of L positions, from keys `[B, T, k]`
-    (-inf at padding), and the largest rise of a key above its block's shift (0 unless
-    `from_the_past`).
+    r"""The key shift $c$ `[B, n, k]` of each block of L positions, from keys
+    `[B, T, k]` (-inf at padding), and the largest rise of a key above its block's shift
+    (0 unless `from_the_past`).
 
     Bidirectional: one max over all keys. Causal, two rules:
 
-    - `from_the_past` (the CPU path): c_j is the running max at the first position of
-      block j, so no future key changes an earlier output, not even its rounding; a key
-      may rise above c_j, and the caller, told the largest rise (a host sync),
-      recomputes in float64 past e^60.
-    - otherwise (the GPU path): c_j is the running max at the last position of block j,
-      so e^{K - c} <= 1 for every key of the block and no sync is needed; a later key of
-      the same block can change an earlier output's rounding, and one more than about 80
-      (float32) or 700 (float64) above every earlier key of its block underflows the
-      queries before it.
+    - `from_the_past` (the CPU path): $c_j$ is the running max at the first position of
+      block $j$, so no future key changes an earlier output, not even its rounding; a
+      key may rise above $c_j$, and the caller, told the largest rise (a host sync),
+      recomputes in float64 past $e^{60}$.
+    - otherwise (the GPU path): $c_j$ is the running max at the last position of block
+      $j$, so $e^{K - c} \le 1$ for every key of the block and no sync is needed; a
+      later key of the same block can change an earlier output's rounding, and one more
+      than about 80 (float32) or 700 (float64) above every earlier key of its block
+      underflows the queries before it.
 
-    Either way c never falls from block to block, so carrying earlier blocks rescales by
-    e^{c_i - c_j} <= 1.
+    Either way $c$ never falls from block to block, so carrying earlier blocks rescales
+    by $e^{c_i - c_j} \le 1$.
     """
     with torch.no_grad():
         batch, length, channels = keys.shape
@@ -384,10 +384,11 @@ def band_matrices(
     1]`.
 
     Returns `matrices` `[G, n, L, 3L]` (query i of block j against the keys of blocks
-    j-1, j, j+1, column i + delta + L) holding e^{w - r_t} inside the window and
-    e^{-r_t} outside it (causal: 0 after the query), and `outside` = e^{-r_t} `[G, n, L,
-    1, 1]`, the weight of every farther key (0 for a query with none: its r_t may lie
-    far below 0). No expm1: every key enters with its own weight, so nothing cancels.
+    j-1, j, j+1, column i + delta + L) holding $e^{w - r_t}$ inside the window and
+    $e^{-r_t}$ outside it (causal: 0 after the query), and `outside` $= e^{-r_t}$
+    `[G, n, L, 1, 1]`, the weight of every farther key (0 for a query with none: its
+    $r_t$ may lie far below 0). No expm1: every key enters with its own weight, so
+    nothing cancels.
     """
     groups = band.shape[0]
     n_blocks = -(-length // block)
@@ -1003,13 +1004,15 @@ def _band_gradient(
 @outside_autocast
 def aft_local_chunked(qkv: Tensor, band: Tensor, window: int, causal: bool,
                     key_padding_mask: Tensor | None) -> Tensor:
-    """AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of
-    biases, O(T s d) time: the CPU path.
+    r"""AFT-local on `qkv = [Q | K | V]` (`[B, T, 3d]`) with the band `[T, 2s - 1]` of
+    biases, $O(T s d)$ time: the CPU path.
 
-    num_t = sum_{t' in N(t)} a_t' + sum_{|t - t'| < s} expm1(w_tt') a_t' (the fast-form
-    identity), the first sum as running totals carried block to block, the second as
-    matmuls per block of L = max(s, 64) queries. Memory beyond the inputs: O(T d) work
-    space for a chunk of the batch.
+    $$\mathrm{num}_t = \sum_{t' \in N(t)} a_{t'}
+      + \sum_{|t - t'| < s} \operatorname{expm1}(w_{tt'})\, a_{t'}$$
+
+    (the fast-form identity), the first sum as running totals carried block to block,
+    the second as matmuls per block of L = max(s, 64) queries. Memory beyond the inputs:
+    $O(T d)$ work space for a chunk of the batch.
     """
     length, d = qkv.shape[1], qkv.shape[2] // 3
     if length == 0:  # no positions: an empty output

@@ -3,7 +3,6 @@ the package's docstrings (a page per module), and annotated source pages. `make 
 offline: MathJax is served from the build itself (see _ext/offline_assets.py) and no page requests
 an outside URL."""
 
-import re
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ extensions = [
     "notebook_pages",
     "annotated_source",
     "api_pages",
+    "search_math",
     "i18n",
 ]
 # Translations (docs/locales/README.md): one catalogue a page, docs/locales/<lang>/LC_MESSAGES/<page>.po.
@@ -32,6 +32,8 @@ gettext_location = False
 notebook_pages_source = "../notebooks"
 notebook_pages_dir = "notebooks"
 nb_execution_mode = "off"
+# A cell's stdout (and its stderr) in one box, not one box per print.
+nb_merge_streams = True
 # $...$, $$...$$ and \begin{...} environments in Markdown become math nodes for MathJax;
 # ::: fences hold directives (the annotated pages' two-column rows).
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
@@ -62,14 +64,3 @@ autodoc_inherit_docstrings = False
 # The docstrings write code in single backticks (Markdown style): show it as code in reST too.
 default_role = "code"
 
-
-def escape_bars(app, what, name, obj, options, lines):
-    """Docstrings write distances as |t - t'|, which reST reads as a substitution: escape the bars
-    outside `code` spans."""
-    for i, line in enumerate(lines):
-        parts = re.split(r"(`[^`]*`)", line)
-        lines[i] = "".join(p if p.startswith("`") else p.replace("|", r"\|") for p in parts)
-
-
-def setup(app):
-    app.connect("autodoc-process-docstring", escape_bars)

@@ -5,11 +5,18 @@ then every page is opened in headless Chromium (Debian's `chromium`, driven by S
 Debian's `chromedriver`): math is typeset by the bundled MathJax with no TeX left raw (docstring
 formulas included, on the API and annotated pages), every image loads, no page logs an error or
 requests anything from the network, every internal link points to an existing page and anchor,
-the annotated pages fit their code at desktop width and stack their columns on a narrow screen,
-and the site search finds a term. The browser tests are
-skipped only where Chromium is not installed; CI installs it (.ci/run).
+every image has alt text that says something, no output block is wider than its column and none
+is empty, the annotated pages fit their code at desktop width and stack their columns on a narrow
+screen, the API entries' links stay on their signature, and the site search finds a term and
+summarises it with its formulas as text. The browser tests are skipped only where Chromium is not
+installed; CI installs it (.ci/run).
+
+Checks of the notebooks' sources come first (no browser): their Markdown math cannot be read as a
+list or a table row, and their stored outputs hold no local path and no traceback.
 """
 
+import functools
+import http.server
 import importlib
 import json
 import pkgutil
@@ -17,6 +24,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 from html.parser import HTMLParser
 from pathlib import Path
 from urllib.parse import unquote, urlsplit
@@ -56,18 +64,50 @@ Promise.resolve(typeset).then(() => {
     typeset: math.filter(e => e.querySelector("mjx-container")).length,
     mathErrors: document.querySelectorAll("mjx-merror").length,
     text: text.textContent,
-    images: [...document.images].map(i => ({src: i.src, loaded: i.complete && i.naturalWidth > 0})),
+    images: [...document.images].map(i => ({src: i.src, alt: i.getAttribute("alt"),
+                                           loaded: i.complete && i.naturalWidth > 0})),
     links: [...document.querySelectorAll("a[href]")].map(a => a.href),
     // API entries and annotated sections (by their anchor) whose description shows typeset math.
     definitionsWithMath: [...main.querySelectorAll("dl.py > dt[id], div.annotated-row[id]")]
       .filter(e => (e.tagName === "DT" ? e.nextElementSibling : e.querySelector(".annotated-notes"))
         .querySelector(".math mjx-container"))
       .map(e => e.id),
+    // The visible text of docstrings (API entries) and annotated notes, less code and typeset math.
+    docstringText: [...main.querySelectorAll("dl.py > dd, div.annotated-notes")].map(e => {
+      const copy = e.cloneNode(true);
+      copy.querySelectorAll("pre, code, script, mjx-container, dl.py").forEach(c => c.remove());
+      return copy.textContent;
+    }).join("\\n"),
+    ...outputBoxes(main),
   });
 });
+
+// A notebook page's output boxes and code cells: which are wider than the column (or scroll
+// sideways), and which are empty. A code cell may scroll only for a line over 88 characters.
+function outputBoxes(main) {
+  const column = main.getBoundingClientRect();
+  const describe = e => e.textContent.trim().slice(0, 60) || e.className;
+  const outputs = [...main.querySelectorAll("div.cell_output, div.cell_output > div.output, " +
+                                            "div.cell_output pre, div.cell_output table")];
+  const wideOutputs = outputs.filter(e => e.scrollWidth > e.clientWidth + 1 ||
+                                           e.getBoundingClientRect().right > column.right + 1);
+  const emptyOutputs = [...main.querySelectorAll("div.cell_output > *")]
+    .filter(e => !e.textContent.trim() && !e.matches("img, svg, canvas, iframe") &&
+                 !e.querySelector("img, svg, canvas, iframe"));
+  const scrollingCode = [...main.querySelectorAll("div.cell_input pre")]
+    .filter(pre => pre.scrollWidth > pre.clientWidth + 1 &&
+                   Math.max(...pre.textContent.split("\\n").map(l => l.length)) <= 88);
+  return {wideOutputs: wideOutputs.map(describe), emptyOutputs: emptyOutputs.map(e => e.className),
+          scrollingCode: scrollingCode.map(describe)};
+}
 """
 # TeX that MathJax left as it was: \( \) \[ \] delimiters, or $...$ / $$ that was never parsed as math.
 RAW_TEX = re.compile(r"\\\(|\\\)|\\\[|\\\]|\$\$|\$[^$\s][^$\n]*\$")
+# Math written as ASCII in a docstring or note instead of as a formula: `w_{t, t + delta}`, `x^{2}`,
+# `sum_t' softmax_t'(K) V_t'` (a subscript with a prime).
+ASCII_MATH = re.compile(r"\w_\{|\w\^\{|\b[A-Za-z]\w*_[A-Za-z0-9]+'")
+# An image whose alt text is a file name (Sphinx's default: the hashed name of a notebook's plot).
+FILE_NAME_ALT = re.compile(r"^\S*\.(png|jpe?g|svg|gif)$|^[0-9a-f]{16,}", re.IGNORECASE)
 
 
 def build(destination: Path) -> subprocess.CompletedProcess:
@@ -106,6 +146,101 @@ def anchors(page: Path) -> Anchors:
     parser = Anchors()
     parser.feed(page.read_text(encoding="utf-8"))
     return parser
+
+
+def cells(notebook: Path, kind: str) -> list[tuple[int, dict]]:
+    """(index, cell) of the notebook's cells of type `kind`."""
+    return [(i, c) for i, c in enumerate(json.loads(notebook.read_text(encoding="utf-8"))["cells"])
+            if c["cell_type"] == kind]
+
+
+# A line that opens a Markdown block: a list item (`- `, `+ `, `* `, `1. `), a heading, a quote.
+BLOCK_START = re.compile(r"^ {0,3}(?:[-+*][ \t]|\d{1,9}[.)][ \t]|#{1,6}[ \t]|>)")
+FENCED_CODE = re.compile(r"^ {0,3}(```|~~~).*?^ {0,3}\1", re.MULTILINE | re.DOTALL)
+
+
+def math_traps(markdown: str) -> list[str]:
+    """Where Markdown would break a formula: a line inside a `$...$` or `$$...$$` span that starts
+    a block (`+ x_j$` is read as a list item), or an unescaped `|` in the math of a table row
+    (it splits the cell). A `$$` that begins a line opens a math block, whose lines are safe."""
+    text = FENCED_CODE.sub("", markdown)
+    problems = []
+    math = None  # the open delimiter, "$" or "$$"
+    block = False  # the open $$ began its line: MyST's math block, not inline math
+    code = False
+    i = 0
+    while i < len(text):
+        char = text[i]
+        if char == "\\":
+            i += 2
+            continue
+        if char == "`" and not math:
+            code = not code
+        elif char == "$" and not code:
+            delimiter = "$$" if text.startswith("$$", i) else "$"
+            if math is None:
+                math = delimiter
+                line_start = text.rfind("\n", 0, i) + 1
+                block = delimiter == "$$" and len(text[line_start:i]) <= 3 and not text[line_start:i].strip()
+            elif math == delimiter:
+                math = None
+            i += len(delimiter)
+            continue
+        elif char == "\n" and math and not block:
+            line = text[i + 1:].split("\n", 1)[0]
+            if BLOCK_START.match(line):
+                problems.append(f"a line inside {math}...{math} starts a Markdown block: {line[:60]!r}")
+        i += 1
+    for line in text.splitlines():
+        if line.lstrip().startswith("|"):
+            for formula in re.findall(r"(?<!\\)\$([^$]+)\$", line):
+                if re.search(r"(?<!\\)\|", formula):
+                    problems.append(f"a table row's math holds an unescaped |: ${formula}$")
+    return problems
+
+
+def test_math_traps_are_found():
+    assert math_traps("so $S_j = S_{j-1}\n+ x_j$ holds") and math_traps("so $$a\n- b$$")
+    assert not math_traps("so\n\n$$a\n+ b$$\n")
+    assert math_traps("| $|t - t'|$ | 1 |") and not math_traps("| $\\lvert t \\rvert$ | 1 |")
+    assert not math_traps("$a +\nb$, then\n- a list item") and not math_traps("`$x\n- y`")
+    assert not math_traps("```\n$a\n- b\n```") and not math_traps("costs \\$5 and\n- item $x$")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_markdown_math_survives_markdown(notebook):
+    """No formula in a notebook's Markdown is cut by a list item, a heading or a table cell: its
+    lines never start with `+`, `-`, `*`, `N.`, `#` or `>`, and math in a table has no bare `|`."""
+    problems = [f"cell {i}: {problem}" for i, cell in cells(notebook, "markdown")
+                for problem in math_traps("".join(cell["source"]))]
+    assert not problems, f"{notebook.name}:\n" + "\n".join(problems)
+
+
+# A path of the machine a notebook ran on, which a reader's copy of the output should not show.
+LOCAL_PATH = re.compile(r"/tmp/|/work/|/home/|/Users/|site-packages|\.venv|\.pyenv|[A-Z]:\\\\Users")
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_stored_outputs_hold_no_local_path(notebook):
+    found = [f"cell {i}: {match}" for i, cell in cells(notebook, "code") for output in cell.get("outputs", [])
+             for match in LOCAL_PATH.findall(json.dumps(output))]
+    assert not found, f"{notebook.name}: stored outputs show local paths: {found}"
+
+
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=lambda p: p.name)
+def test_a_demonstrated_error_is_one_line(notebook):
+    """A cell that shows an error shows its one-line message (`ValueError: ...`), not a traceback:
+    no stored error output with more than one line of traceback, and no traceback printed to a
+    stream."""
+    long = []
+    for i, cell in cells(notebook, "code"):
+        for output in cell.get("outputs", []):
+            if output["output_type"] == "error" and len("".join(output["traceback"]).splitlines()) > 1:
+                long.append(f"cell {i}: {output['ename']} with a {len(output['traceback'])}-part traceback")
+            text = "".join(output.get("text", ""))
+            if output["output_type"] == "stream" and "Traceback (most recent call last)" in text:
+                long.append(f"cell {i}: a traceback printed to {output['name']}")
+    assert not long, f"{notebook.name}: " + "; ".join(long)
 
 
 # A module as nbdev exports it, and the notebook it came from: the annotated page's input.
@@ -160,10 +295,12 @@ def test_annotated_source_cuts_a_module_at_cells_and_definitions(tmp_path, annot
     (tmp_path / "nb.ipynb").write_text(json.dumps({"cells": NOTEBOOK_CELLS}))
     sections, notebooks = annotated_source.module_sections("pkg.shapes", module, "notebooks")
     assert notebooks == [tmp_path / "nb.ipynb"]
-    assert [s.name for s in sections] == [None, None, "pkg.shapes.area", "pkg.shapes.Circle", "pkg.shapes.Circle.area"]
-    imports, names, area, circle, circle_area = sections
-    assert (imports.notes, imports.code) == ([], ["import math"])
-    assert names.code == ["__all__ = ['area', 'Circle']"]
+    assert [s.name for s in sections] == [None, "pkg.shapes.area", "pkg.shapes.Circle", "pkg.shapes.Circle.area"]
+    top, area, circle, circle_area = sections
+    # The imports and __all__ share one row, whose note says what they are.
+    assert top.code == ["import math", "", "__all__ = ['area', 'Circle']"]
+    assert top.notes == ["The modules this one uses and `__all__`, the names `from pkg.shapes import *` gives "
+                         "(the API reference documents them)."]
     # The Markdown cells directly above the exported cell (not the one above the check cell), the
     # comment block and the docstring; the code keeps neither comment nor docstring.
     assert area.notes == ["## Areas\n\nSee [the intro](project:/notebooks/01_intro.ipynb).\n\nIt is $\\pi r^2$.",
@@ -190,12 +327,47 @@ def test_annotated_source_renders_docstring_math_as_myst(annotated_source):
         "Gate {math}`\\sigma(Q_t)`, see {py:func}`aft_full`, not a:math:`x`.\n\n```{math}\nY = X\n```\n\nAfter.")
 
 
-def test_annotated_code_lines_wrap_with_a_hanging_indent(annotated_source):
-    code = '<span class="k">def</span> f():\n<span class="w">    </span><span class="k">return</span> 1\n'
-    assert annotated_source.wrappable_lines(code) == (
-        '<span class="code-line" style="padding-left: 4ch; text-indent: -4ch"><span class="k">def</span> f():\n</span>'
-        '<span class="code-line" style="padding-left: 8ch; text-indent: -8ch"><span class="w">    </span>'
-        '<span class="k">return</span> 1\n</span>')
+def test_annotated_source_puts_each_comment_beside_the_lines_below_it(tmp_path, annotated_source):
+    """A comment block inside a definition opens a row: it is the note of the code below it, up to
+    the next block; a `#` inside a string is code."""
+    module = tmp_path / "steps.py"
+    module.write_text('def f(x):\n    """Doc."""\n    y = x + 1\n\n    # Double it,\n    # then add.\n'
+                      '    y = 2 * y  # inline stays\n    s = """\n# not a comment\n"""\n    # Done.\n    return y\n')
+    sections, _ = annotated_source.module_sections("pkg.steps", module, "notebooks")
+    assert [(s.notes, s.code) for s in sections] == [
+        (["Doc."], ["def f(x):", "    y = x + 1"]),
+        (["Double it,\nthen add."], ["    y = 2 * y  # inline stays", '    s = """', "# not a comment", '"""']),
+        (["Done."], ["    return y"])]
+
+
+def test_annotated_source_leaves_out_docstring_paragraphs_that_repeat_the_notes(annotated_source):
+    notes = "The band of a bias stores row $t$'s window: `band[t, delta + s - 1]` $= w_{t, t + \\delta}$."
+    docstring = "The band storage of a bias: entry (t, delta + s - 1) of row t's window.\n\nRaises on a bad `s`."
+    assert annotated_source.new_paragraphs(docstring, notes) == "Raises on a bad `s`."
+    assert annotated_source.new_paragraphs(docstring, "") == docstring
+
+
+@pytest.fixture
+def search_math():
+    sys.path.insert(0, str(DOCS / "_ext"))
+    try:
+        import search_math
+        yield search_math
+    finally:
+        sys.path.remove(str(DOCS / "_ext"))
+
+
+def test_docstring_dollar_math_becomes_rest_math(search_math):
+    """Docstrings may write `$...$` and `$$` formulas; autodoc gets :math: roles and math blocks,
+    and code spans, roles and |t - t'| bars outside math are kept apart."""
+    lines = ["Weights $w_{t, t'}$ for |t - t'| < s, `$not math$`, :math:`m_h`, costs \\$5.",
+             "", "$$ Y = \\sigma(Q) $$", "", "    $$", "    a |b|", "    $$", "after"]
+    assert search_math.dollar_math_to_rest(lines) == [
+        "Weights :math:`w_{t, t'}` for \\|t - t'\\| < s, `$not math$`, :math:`m_h`, costs \\$5.",
+        "", ".. math::", "", "   Y = \\sigma(Q)", "", "",
+        "    .. math::", "", "       a |b|", "", "after"]
+    with pytest.raises(ValueError, match="never closes"):
+        search_math.dollar_math_to_rest(["$$", "x"])
 
 
 def test_every_notebook_and_annotated_module_has_a_page(site):
@@ -225,6 +397,15 @@ def test_api_reference_has_a_page_per_module_in_reading_order(site):
     listed = list(dict.fromkeys(re.findall(r'href="(aftalibi\.[a-z_0-9]+)\.html"', index)))
     assert sorted(listed) == sorted(PUBLIC_MODULES)
     assert listed[:3] == ["aftalibi.attention", "aftalibi.aft", "aftalibi.alibi"]
+    # The index's body: a line per module, its name and what it holds.
+    article = index.split('role="main"', 1)[1]
+    lines = {m: re.sub(r"\s+", " ", re.sub(r"<[^>]+>", "", html)).strip()
+             for m, html in re.findall(r'<li><p><a class="reference internal" href="(aftalibi\.[a-z_0-9]+)\.html">'
+                                       r'(.*?)</p>', article, flags=re.DOTALL)}
+    assert sorted(lines) == sorted(PUBLIC_MODULES), f"the index's lines: {lines}"
+    short = {m: line for m, line in lines.items() if not re.fullmatch(rf"{re.escape(m)}: \S.{{10,}}", line)}
+    assert not short, f"index lines without a summary: {short}"
+    assert lines["aftalibi.aft"] == "aftalibi.aft: The Attention Free Transformer"
 
 
 def test_api_reference_links_to_the_annotated_source(site):
@@ -280,6 +461,16 @@ def test_math_is_typeset(visits):
 
 
 @needs_chromium
+def test_docstrings_write_math_as_formulas(visits):
+    """No docstring on an API page, and no note on an annotated page, writes a formula in ASCII
+    (`w_{t, t + delta}`, `sum_t' softmax_t'(K) V_t'`) beside the typeset ones: it writes `$...$`."""
+    ascii_math = {page: sorted({m.string[max(0, m.start() - 20):m.end() + 20].replace("\n", " ")
+                                for m in ASCII_MATH.finditer(r["docstringText"])})
+                  for page, r in visits.items() if ASCII_MATH.search(r["docstringText"])}
+    assert not ascii_math, f"ASCII math in docstrings or notes: {json.dumps(ascii_math, indent=1)}"
+
+
+@needs_chromium
 def test_docstring_formulas_are_typeset(visits):
     """A docstring's :math: role is math on the API page (autodoc) and in the notes of the
     annotated page (converted to MyST), not TeX in a code span."""
@@ -289,34 +480,92 @@ def test_docstring_formulas_are_typeset(visits):
     assert "annotated-aftalibi-attention-attention-weights" in annotated, f"annotated sections with math: {annotated}"
 
 
-# Run on an annotated page: where its columns sit and whether a code block needs a scroll bar.
+# Run on an annotated page: where its columns sit, what its code blocks do, whether a note is empty.
 ANNOTATED_LAYOUT = """
-const rows = [...document.querySelectorAll("div.annotated-row")].filter(r => r.querySelector("pre"));
-return rows.map(row => {
-  const notes = row.querySelector(".annotated-notes").getBoundingClientRect();
-  const code = row.querySelector(".annotated-code").getBoundingClientRect();
-  const pre = row.querySelector(".annotated-code pre");
-  return {stacked: code.top >= notes.bottom - 1, side_by_side: code.left >= notes.right - 1,
-          code_width: code.width, overflow: pre.scrollWidth - pre.clientWidth};
+const rows = [...document.querySelectorAll("div.annotated-row")];
+const toc = document.querySelector(".toc-drawer");
+return {
+  page: document.documentElement.scrollWidth - window.innerWidth,
+  toc: toc ? toc.getBoundingClientRect().width : 0,
+  rows: rows.map(row => {
+    const notes = row.querySelector(".annotated-notes");
+    const box = notes.getBoundingClientRect();
+    const code = row.querySelector(".annotated-code").getBoundingClientRect();
+    const pre = row.querySelector(".annotated-code pre");
+    const longest = pre ? Math.max(...pre.textContent.replace(/\\n$/, "").split("\\n").map(l => l.length)) : 0;
+    const probe = document.createElement("span");  // the width of 88 characters of the code's font
+    probe.textContent = "x".repeat(88);
+    if (pre) pre.appendChild(probe);
+    const width88 = pre ? probe.getBoundingClientRect().width : 0;
+    probe.remove();
+    return {id: row.id || notes.textContent.trim().slice(0, 40), code: Boolean(pre),
+            note: notes.textContent.trim(), stacked: code.top >= box.bottom - 1,
+            gutter: code.left - box.right, longest, width88,
+            inner: pre ? pre.clientWidth : 0, overflow: pre ? pre.scrollWidth - pre.clientWidth : 0,
+            wraps: pre ? getComputedStyle(pre).whiteSpace !== "pre" : false};
+  }),
+};
+"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1400, 900, 390])
+def test_annotated_pages_fit_the_screen(site, browser, width):
+    """labml's form. At 1400 px: no right-hand contents, notes and code side by side with a gutter,
+    the code column holds 88 characters, code lines never wrap, and only a line longer than 88
+    characters scrolls. At 900 and 390 px the columns are stacked and nothing is wider than the
+    screen. At every width each row with code has a note."""
+    browser.set_window_size(width, 1000)
+    try:
+        for module in ANNOTATED_MODULES:
+            browser.get((site / "annotated" / f"{module}.html").as_uri())
+            layout = browser.execute_script(ANNOTATED_LAYOUT)
+            rows = [row for row in layout["rows"] if row["code"]]
+            assert rows, f"{module}: no annotated rows with code"
+            assert not [r["id"] for r in rows if not r["note"]], f"{module}: rows with an empty note"
+            assert not [r["id"] for r in rows if r["wraps"]], f"{module}: code lines wrap"
+            assert layout["page"] <= 0, f"{module} at {width} px: the page scrolls sideways by {layout['page']} px"
+            if width == 1400:
+                assert layout["toc"] == 0, f"{module}: the right-hand contents take {layout['toc']} px"
+                assert all(not r["stacked"] and r["gutter"] >= 12 for r in rows), (
+                    f"{module}: columns not side by side with a gutter: "
+                    f"{[(r['id'], r['gutter']) for r in rows if r['stacked'] or r['gutter'] < 12]}")
+                narrow = [r["id"] for r in rows if r["inner"] < r["width88"]]
+                assert not narrow, f"{module}: code columns narrower than 88 characters: {narrow}"
+                scrolling = [r["id"] for r in rows if r["overflow"] > 0 and r["longest"] <= 88]
+                assert not scrolling, f"{module}: code blocks of lines <= 88 characters scroll: {scrolling}"
+            else:
+                assert all(r["stacked"] for r in rows), f"{module} at {width} px: the columns are not stacked"
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
+# Run on an API page: the [source] and [annotated] links that stick out of their signature's box.
+LINKS_OUTSIDE_SIGNATURE = """
+return [...document.querySelectorAll("dl.py > dt")].flatMap(dt => {
+  const box = dt.getBoundingClientRect();
+  return [...dt.querySelectorAll(".viewcode-link")].filter(link => {
+    const r = link.getBoundingClientRect();
+    return r.bottom > box.bottom + 1 || r.top < box.top - 1 || r.right > box.right + 1;
+  }).map(link => dt.id + " " + link.textContent);
 });
 """
 
 
 @needs_chromium
-@pytest.mark.parametrize("width", [1400, 900])
-def test_annotated_pages_fit_the_screen(site, browser, width):
-    """At 1400 px the columns sit side by side and no code needs horizontal scrolling; at 900 px
-    they are stacked, each as wide as the page."""
+@pytest.mark.parametrize("width", [1400, 390])
+def test_api_links_stay_on_their_signature(site, browser, width):
+    """The `[source]` and `[annotated]` links of an API entry sit inside its signature, never over
+    the description below it (the theme floats them right, where they overlapped AFTSimple's)."""
     browser.set_window_size(width, 1000)
     try:
-        for module in ANNOTATED_MODULES:
-            browser.get((site / "annotated" / f"{module}.html").as_uri())
-            rows = browser.execute_script(ANNOTATED_LAYOUT)
-            assert rows, f"{module}: no annotated rows with code"
-            scrolling = [row for row in rows if row["overflow"] > 0]
-            assert not scrolling, f"{module} at {width} px: {len(scrolling)} code blocks scroll sideways"
-            layout = "side_by_side" if width == 1400 else "stacked"
-            assert all(row[layout] for row in rows), f"{module} at {width} px: the columns are not {layout}"
+        outside = {}
+        for module in PUBLIC_MODULES:
+            browser.get((site / "api" / f"{module}.html").as_uri())
+            found = browser.execute_script(LINKS_OUTSIDE_SIGNATURE)
+            if found:
+                outside[module] = found
+        assert not outside
     finally:
         browser.set_window_size(1400, 1000)
 
@@ -340,6 +589,33 @@ def test_formulas_fit_their_column(site, browser, page, selector):
     browser.get((site / page).as_uri())
     wide = browser.execute_async_script(WIDE_MATH, selector)
     assert not wide, f"{page}: formulas wider than their column: {wide}"
+
+
+@needs_chromium
+def test_images_say_what_they_show(visits):
+    """Every image has alt text, and not a file name (Sphinx's default for a notebook's plot is its
+    hashed file name): a plotting cell sets it in its metadata, {"mystnb": {"image": {"alt": ...}}}."""
+    unsaid = {page: [i["alt"] or i["src"].rsplit("/", 1)[-1] for i in r["images"]
+                     if not (i["alt"] or "").strip() or FILE_NAME_ALT.search(i["alt"].rsplit("/", 1)[-1])]
+              for page, r in visits.items()}
+    assert not {page: images for page, images in unsaid.items() if images}
+
+
+@needs_chromium
+def test_outputs_fit_their_column(visits):
+    """At 1400 px no output block is wider than the content column or scrolls sideways, and a code
+    cell scrolls only for a line longer than 88 characters."""
+    wide = {page: r["wideOutputs"] for page, r in visits.items() if r["wideOutputs"]}
+    assert not wide, f"outputs wider than the column: {json.dumps(wide, indent=1)}"
+    code = {page: r["scrollingCode"] for page, r in visits.items() if r["scrollingCode"]}
+    assert not code, f"code cells of lines <= 88 characters that scroll: {code}"
+
+
+@needs_chromium
+def test_no_output_is_empty(visits):
+    """An output box shows something (an empty print, a stray newline, would draw an empty box)."""
+    empty = {page: r["emptyOutputs"] for page, r in visits.items() if r["emptyOutputs"]}
+    assert not empty
 
 
 @needs_chromium
@@ -395,3 +671,53 @@ def test_search_finds_a_term(site, browser):
         lambda b: b.find_elements(By.CSS_SELECTOR, "#search-results ul.search li a"))
     targets = {urlsplit(a.get_attribute("href")).path.rsplit("/", 1)[-1] for a in results}
     assert "03_alibi.html" in targets
+
+
+@pytest.fixture(scope="module")
+def served(site):
+    """The site over HTTP on localhost: the search page reads the pages it summarises with fetch(),
+    which a browser refuses for file:// URLs."""
+    handler = functools.partial(QuietHandler, directory=str(site))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_port}"
+    server.shutdown()
+    server.server_close()
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+# Run on the search page: the summaries, once the search has shown every result.
+SEARCH_SUMMARIES = """
+const done = arguments[0];
+const poll = () => {
+  const status = document.querySelector("#search-results .search-summary, #search-results p");
+  const items = [...document.querySelectorAll("#search-results ul.search li")];
+  const finished = status && /finished|did not match/i.test(status.textContent);
+  if (finished && items.every(li => li.querySelector("p.context") || li.dataset.checked)) {
+    done(items.map(li => li.querySelector("p.context")?.textContent || ""));
+  } else {
+    items.forEach(li => { if (!li.querySelector("p.context")) li.dataset.waits = (+li.dataset.waits || 0) + 1;
+                          if (+li.dataset.waits > 40) li.dataset.checked = "1"; });
+    setTimeout(poll, 100);
+  }
+};
+poll();
+"""
+
+
+@needs_chromium
+@pytest.mark.parametrize("term", ["slope", "alibi"])
+def test_search_summaries_show_formulas_as_text(served, browser, term):
+    """A search result's summary is cut from its page's text: its formulas read as text
+    (`m_h (i − j)`), not as TeX (`\\(m_h (i - j)\\)`)."""
+    browser.get(f"{served}/search.html?q={term}")
+    summaries = [s for s in browser.execute_async_script(SEARCH_SUMMARIES) if s]
+    assert len(summaries) >= 3, f"'{term}': too few summaries: {summaries}"
+    assert any(term in s.lower() for s in summaries)
+    tex = [s for s in summaries if RAW_TEX.search(s) or re.search(r"\\[A-Za-z]+|\\[()\[\]]", s)]
+    assert not tex, f"summaries with TeX: {tex}"

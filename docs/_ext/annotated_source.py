@@ -4,36 +4,40 @@ by section.
 For every module named in `annotated_source_modules` (conf.py) this extension writes one MyST
 page, `<annotated_source_dir>/<module>.md`, when the build starts. The module is cut
 
-- at its `# %%` cell markers (nbdev writes one above each exported notebook cell), and
+- at its `# %%` cell markers (nbdev writes one above each exported notebook cell),
 - inside a cell, at each top-level definition, and in a class at each method that has a
-  docstring or a comment block above it.
+  docstring or a comment block above it, and
+- inside a definition, at each block of comment lines: the comment is the note of the lines
+  below it (labml's form: a short note beside each few lines).
 
 The left column of a section holds the notebook's Markdown cells written directly above the
 exported cell (with their `$...$` math), then the comment block above the definition and its
-docstring (taken out of the code), read as Markdown. Docstrings write their formulas as reST math,
-:math:`...` roles and `.. math::` blocks, so that autodoc renders them on the API pages; here they
-become MyST's {math}`...` roles and ```{math} blocks (a comment may use either form, or $...$).
-The right column is the code, which Sphinx highlights with Pygments. A heading in the notebook's
-notes becomes a heading of the page, so the sections appear in the page's contents and in the
-search.
+docstring (taken out of the code), read as Markdown. A docstring paragraph that repeats the
+notebook's text just above it is left out. Docstrings write their formulas as `$...$` or as reST
+math, :math:`...` roles and `.. math::` blocks (search_math.py makes either work on the API pages);
+here the reST forms become MyST's {math}`...` roles and ```{math} blocks. The imports and `__all__`
+at the top of a module share one row with a short generated note, so that no row has an empty
+note. The right column is the code, which Sphinx highlights with Pygments. A heading in the
+notebook's notes becomes a heading of the page, so the sections appear in the page's contents (on
+the left, in the navigation: the pages hide the right-hand contents to give the code the width)
+and in the search.
 
 Each definition's section is a link target; the API reference (autodoc) gets an `[annotated]`
 link beside viewcode's `[source]` for every definition that has one.
 
-Code lines are as long as the modules have them (up to about 120 characters), longer than a code
-column beside the notes holds on most screens. So each highlighted line of the code column becomes
-a block of its own that wraps, and its continuation is indented four characters past the line's
-own indentation (annotated_source.css), like a Python continuation line: no sideways scrolling.
+The code column is as wide as 88 characters of code (the notebooks' line length), and a code line
+is never wrapped: the rare longer line (nbdev's `__all__`) scrolls sideways inside its block
+(annotated_source.css). On a narrow screen the two columns are stacked.
 """
 
 from __future__ import annotations
 
 import ast
-import html
 import importlib.util
 import json
 import os
 import re
+import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,11 +51,6 @@ HEADING = re.compile(r"^(?P<hashes>#{1,6})\s+(?P<title>.+?)\s*#*\s*$")
 FENCE = re.compile(r"^\s*(```|~~~)")
 # A Markdown image or link whose target is a relative path: not ](http...), ](#...) or ](/...).
 RELATIVE_IMAGE = re.compile(r"(?P<alt>!\[[^\]]*\])\((?![a-zA-Z][a-zA-Z0-9+.-]*:|#|/)(?P<target>[^)\s]+)\)")
-# The highlighted code of an annotated row: Pygments' <pre>, one source line per text line
-# (Pygments closes and reopens its spans at each line end, so every line is balanced HTML).
-ANNOTATED_CODE = re.compile(r'(<div class="annotated-code[^"]*"[^>]*>\s*<div class="highlight-python[^"]*">'
-                            r'<div class="highlight"><pre>)(?P<code>.*?)(</pre>)', re.DOTALL)
-CONTINUATION_INDENT = 4  # characters
 RELATIVE_LINK = re.compile(r"\]\((?![a-zA-Z][a-zA-Z0-9+.-]*:|#|/)(?P<target>[^)\s]+)\)")
 # An interpreted-text role of reST, `:math:` or `:py:func:`, followed by its backquoted content.
 REST_ROLE = re.compile(r"(?<![\w`]):(?P<role>[a-z]+(?::[a-z]+)?):(?=`)")
@@ -117,6 +116,31 @@ def docstring_of(node: ast.AST) -> tuple[str | None, range]:
     return None, range(0)
 
 
+def comment_lines(source: str) -> set[int]:
+    """0-based indices of the lines that hold only a comment (not a `#` inside a string)."""
+    lines = source.splitlines()
+    tokens = tokenize.generate_tokens(iter(source.splitlines(keepends=True)).__next__)
+    return {t.start[0] - 1 for t in tokens
+            if t.type == tokenize.COMMENT and lines[t.start[0] - 1].strip().startswith("#")}
+
+
+# Words of a text for comparing two texts: TeX commands, roles and markup left out.
+WORD = re.compile(r"[a-z][a-z0-9]{2,}")
+REPEATED = 0.7  # a docstring paragraph whose words are this much in the notes above repeats them
+
+
+def words(text: str) -> set[str]:
+    return set(WORD.findall(re.sub(r"\\[A-Za-z]+|\{[a-z:]+\}|:[a-z:]+:", " ", text).lower()))
+
+
+def new_paragraphs(docstring: str, prose: str) -> str:
+    """The paragraphs of `docstring` that do not repeat `prose` (most of their words in it)."""
+    seen = words(prose)
+    kept = [p for p in re.split(r"\n\s*\n", docstring)
+            if not (seen and words(p) and len(words(p) & seen) >= REPEATED * len(words(p)))]
+    return "\n\n".join(kept)
+
+
 def first_line(node: ast.stmt) -> int:
     """0-based index of a statement's first line, decorators included."""
     decorators = getattr(node, "decorator_list", [])
@@ -144,13 +168,15 @@ DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 
 
 def definition_sections(lines: list[str], statements: list[ast.stmt], module: str, end: int,
-                        prefix: str = "") -> list[Section]:
+                        comments: set[int], prose: str = "", prefix: str = "") -> list[Section]:
     """Cut `statements` (one block, all at one depth) into sections; the last runs to line `end`.
 
     At the top level a def or class opens a section, and consecutive other statements share one.
     In a class (`prefix` is "ClassName."), a member opens one only when it has a docstring or a
     comment block above it; the others stay in the section above them. The comment block directly
-    above a section's first statement and a definition's docstring move from the code to the notes.
+    above a section's first statement and a definition's docstring move from the code to the notes
+    (less the docstring's paragraphs that repeat `prose`, the notebook's text above the cell); each
+    later comment block inside the code opens a row of its own, whose note it is.
     """
     starts: list[tuple[int, ast.stmt]] = []  # (first line of the section, its first statement)
     for statement in statements:
@@ -161,16 +187,24 @@ def definition_sections(lines: list[str], statements: list[ast.stmt], module: st
             opens = isinstance(statement, DEFINITIONS) or not starts or isinstance(starts[-1][1], DEFINITIONS)
         if opens:
             starts.append((comment_start, statement))
-    sections = []
+    sections: list[Section] = []
+
+    def add(notes: list[str], code: list[tuple[int, str]], name: str | None = None, label: str | None = None):
+        """The section of `code`, then a row per comment block inside it."""
+        (_, first), *rest = split_at_comments(code, comments) or [("", [])]
+        sections.append(Section(notes, first, name, label))
+        sections.extend(Section([rest_math_to_myst(note)], body) for note, body in rest)
+
     for i, (start, opening) in enumerate(starts):
         stop = starts[i + 1][0] if i + 1 < len(starts) else end
         code_start = first_line(opening)
         _, comment = comment_block_above(lines, code_start)
         notes = [rest_math_to_myst("\n".join(comment))] if comment else []
         if not isinstance(opening, DEFINITIONS):
-            sections.append(Section(notes=notes, code=trim_blank(lines[code_start:stop])))
+            add(notes, code_without(lines, code_start, stop, range(0)))
             continue
         docstring, docstring_lines = docstring_of(opening)
+        docstring = new_paragraphs(docstring, prose) if docstring else ""
         if docstring:
             notes.append(rest_math_to_myst(docstring))
         label = prefix + opening.name
@@ -182,18 +216,32 @@ def definition_sections(lines: list[str], statements: list[ast.stmt], module: st
                 members = [m for m in opening.body if first_line(m) >= first_line(documented[0])]
         if members:  # the class head, then a section per documented member
             head_end = comment_block_above(lines, first_line(members[0]))[0]
-            code = code_without(lines, code_start, head_end, docstring_lines)
-            sections.append(Section(notes, code, f"{module}.{label}", label))
-            sections += definition_sections(lines, members, module, stop, prefix=f"{label}.")
+            add(notes, code_without(lines, code_start, head_end, docstring_lines), f"{module}.{label}", label)
+            sections += definition_sections(lines, members, module, stop, comments, prose, prefix=f"{label}.")
         else:
-            code = code_without(lines, code_start, stop, docstring_lines)
-            sections.append(Section(notes, code, f"{module}.{label}", label))
+            add(notes, code_without(lines, code_start, stop, docstring_lines), f"{module}.{label}", label)
+        prose = ""  # only the first definition of a cell sits just below the notebook's text
     return sections
 
 
-def code_without(lines: list[str], first: int, last: int, docstring_lines: range) -> list[str]:
-    """Lines [first, last) less the docstring's (which the notes show)."""
-    return trim_blank([line for n, line in enumerate(lines[first:last], first) if n not in docstring_lines])
+def code_without(lines: list[str], first: int, last: int, docstring_lines: range) -> list[tuple[int, str]]:
+    """Lines [first, last) less the docstring's (which the notes show), with their indices."""
+    return [(n, line) for n, line in enumerate(lines[first:last], first) if n not in docstring_lines]
+
+
+def split_at_comments(code: list[tuple[int, str]], comments: set[int]) -> list[tuple[str, list[str]]]:
+    """Cut numbered code lines at each block of comment lines: [(the block's text, the code below
+    it up to the next block)]. The first piece has no comment of its own ("")."""
+    pieces: list[tuple[list[str], list[str]]] = [([], [])]
+    for n, line in code:
+        if n in comments:
+            note, body = pieces[-1]
+            if any(l.strip() for l in body):  # a new block below some code: a new piece
+                pieces.append(([], []))
+            pieces[-1][0].append(re.sub(r"^\s*# ?", "", line))
+        else:
+            pieces[-1][1].append(line)
+    return [("\n".join(note), trim_blank(body)) for note, body in pieces if note or trim_blank(body)]
 
 
 def module_sections(module: str, path: Path, notebook_folder: str) -> tuple[list[Section], list[Path]]:
@@ -203,6 +251,7 @@ def module_sections(module: str, path: Path, notebook_folder: str) -> tuple[list
     source = path.read_text(encoding="utf-8")
     lines = source.splitlines()
     statements = ast.parse(source).body
+    comments = comment_lines(source)
     markers = [(n, CELL_MARKER.match(line)) for n, line in enumerate(lines) if CELL_MARKER.match(line)]
     if not markers:  # a hand-written module: one cell, no notebook
         markers = [(-1, None)]
@@ -216,14 +265,46 @@ def module_sections(module: str, path: Path, notebook_folder: str) -> tuple[list
             if notebook not in notebooks:
                 notebooks.append(notebook)
             notes = relink(notebook_notes(notebook, marker["cell_id"]), notebook_folder)
-        cell_sections = definition_sections(lines, cell_statements, module, cell_end)
+        cell_sections = definition_sections(lines, cell_statements, module, cell_end, comments, notes)
         if notes:
             if cell_sections:
                 cell_sections[0].notes.insert(0, notes)
             else:
                 cell_sections = [Section(notes=[notes])]
         sections += cell_sections
-    return sections, notebooks
+    return fold_unannotated(sections, module), notebooks
+
+
+def fold_unannotated(sections: list[Section], module: str) -> list[Section]:
+    """Each run of rows with code and no notes (the imports, `__all__`) as one row, with a note
+    that says what the code is, so that no row's note is empty."""
+    folded: list[Section] = []
+    run: list[str] = []  # the code of the current run of note-less rows
+    for section in sections + [Section(notes=["end"])]:
+        if not section.notes and not section.name and section.code:
+            run += ([""] if run else []) + section.code
+            continue
+        if run:
+            folded.append(Section([generated_note(run, module)], run))
+            run = []
+        folded.append(section)
+    return folded[:-1]
+
+
+def generated_note(code: list[str], module: str) -> str:
+    """A short note on note-less top-level code: what it imports, what it exports, what it sets."""
+    parts = []
+    if any(re.match(r"(import|from)\s", line) for line in code):
+        parts.append("the modules this one uses")
+    if any(line.startswith("__all__") for line in code):
+        parts.append(f"`__all__`, the names `from {module} import *` gives (the API reference documents them)")
+    assigned = [m[1] for line in code if (m := re.match(r"([A-Za-z_]\w*)\s*(?::[^=]*)?=", line)) and m[1] != "__all__"]
+    if assigned:
+        parts.append("the module's " + ", ".join(f"`{name}`" for name in assigned))
+    if not parts:
+        parts.append("module-level code run on import")
+    text = " and ".join([", ".join(parts[:-1]), parts[-1]] if len(parts) > 1 else parts)
+    return text[0].upper() + text[1:] + "."
 
 
 def relink(markdown: str, folder: str) -> str:
@@ -267,7 +348,8 @@ def render_page(module: str, notebook_folder: str) -> tuple[str, list[str]]:
     path = module_path(module)
     sections, notebooks = module_sections(module, path, notebook_folder)
     relative = shown_path(module, path)
-    out = [f"# `{relative}`, annotated", ""]
+    # Furo's file-wide option: no right-hand contents, the headings are in the navigation.
+    out = ["---", "hide-toc: true", "---", "", f"# `{relative}`, annotated", ""]
     origin = ""
     if notebooks:
         links = ", ".join(f"[](project:/{notebook_folder}/{nb.name})" for nb in notebooks)  # the notebook's title
@@ -365,33 +447,12 @@ def link_api_to_annotated(app: Sphinx, doctree: nodes.document, docname: str) ->
         signature += link
 
 
-def wrappable_lines(code_html: str) -> str:
-    """Each line of highlighted code as a `span.code-line` whose wrapped continuation starts
-    `CONTINUATION_INDENT` characters right of the line's own indentation."""
-    lines = code_html.split("\n")
-    if lines and not lines[-1]:
-        lines.pop()
-    out = []
-    for line in lines:
-        text = html.unescape(re.sub(r"<[^>]*>", "", line))
-        hang = len(text) - len(text.lstrip(" ")) + CONTINUATION_INDENT
-        out.append(f'<span class="code-line" style="padding-left: {hang}ch; text-indent: -{hang}ch">{line}\n</span>')
-    return "".join(out)
-
-
-def wrap_annotated_code(app: Sphinx, pagename: str, templatename: str, context: dict, doctree) -> None:
-    if not pagename.startswith(app.config.annotated_source_dir + "/") or "body" not in context:
-        return
-    context["body"] = ANNOTATED_CODE.sub(lambda m: m[1] + wrappable_lines(m["code"]) + m[3], context["body"])
-
-
 def setup(app: Sphinx) -> dict:
     app.add_config_value("annotated_source_modules", [], "env", types=[list])
     app.add_config_value("annotated_source_dir", "annotated", "env", types=[str])
     app.add_config_value("annotated_source_notebook_dir", "notebooks", "env", types=[str])
     app.connect("builder-inited", generate_pages)
     app.connect("doctree-resolved", link_api_to_annotated)
-    app.connect("html-page-context", wrap_annotated_code)
     static = Path(__file__).parent / "static"
     app.connect("config-inited", lambda app, config: config.html_static_path.append(str(static)))
     app.add_css_file("annotated_source.css")

@@ -233,7 +233,9 @@ def language_links(app: Sphinx, pagename: str, templatename: str, context: dict,
 
 
 def add_switcher(app: Sphinx, config) -> None:
-    """The switcher's template in the sidebar (after the search box), in a multi-language build."""
+    """The switcher's template in the sidebar (after the search box), in a multi-language build.
+    (And the catalogues' folder is not a folder of pages: its README.md is no page.)"""
+    config.exclude_patterns = [*config.exclude_patterns, "locales"]
     config.templates_path = [*config.templates_path, str(HERE.parent / "_templates")]
     if not config.i18n_languages:
         return
