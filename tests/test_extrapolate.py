@@ -38,6 +38,11 @@ def one_thread():
     torch.set_num_threads(threads)
 
 
+def table_rows(markdown: str) -> list[list[str]]:
+    """The cells of a Markdown table, row by row (the separator row included)."""
+    return [[cell.strip() for cell in line.strip("|").split("|")] for line in markdown.splitlines()]
+
+
 def tiny_model(**overrides) -> LanguageModel:
     torch.manual_seed(0)
     config = {"vocab_size": 11, "d_model": 16, "n_layers": 2, "n_heads": 2, "d_ff": 32, "max_len": 16, "window": 4}
@@ -200,10 +205,10 @@ def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, 
     assert summary["mha-learned"][16] == {"reason": summary["mha-learned"][16]["reason"]}
     assert summary["alibi"][8]["seeds"] == 2
     assert summary["alibi"][8]["low"] <= summary["alibi"][8]["mean"] <= summary["alibi"][8]["high"]
-    table = results_table(loaded, "non-overlapping").splitlines()
-    assert table[0].split() == ["variant", "seeds", "T=8", "T=16", "T=32"]
-    learned_row = next(row for row in table if row.startswith("mha-learned"))
-    assert learned_row.split()[1] == "2" and learned_row.split()[-2:] == ["n/a", "n/a"] and "±" in learned_row
+    table = table_rows(results_table(loaded, "non-overlapping"))
+    assert table[0] == ["variant", "seeds", "T=8", "T=16", "T=32"] and table[1] == ["---"] * 5
+    learned_row = next(row for row in table if row[0] == "`mha-learned`")
+    assert learned_row[1] == "2" and learned_row[-2:] == ["n/a", "n/a"] and "±" in learned_row[2]
 
 
 def test_a_rerun_continues_the_file_and_another_configuration_is_refused(corpus_file, tmp_path, monkeypatch):
@@ -304,7 +309,7 @@ def test_partial_results_render(corpus_file, tmp_path, monkeypatch):
     assert any(line.startswith("NoPE (mha-none) at L") and "1 seed" in line for line in lines)
     assert not any("rotary" in line and "against" in line for line in lines)  # nothing said about what is missing
     assert sweep_summary(partial) == {}
-    assert [row.split()[:2] for row in results_table(partial, MODES[1]).splitlines()[1:]] == [["mha-none", "1"], ["alibi", "2"]]
+    assert [row[:2] for row in table_rows(results_table(partial, MODES[1]))[2:]] == [["`mha-none`", "1"], ["`alibi`", "2"]]
     plot_extrapolation(partial)
     plot_window_sweep(partial)
     assert findings({**partial, "training": [], "evaluations": []})[-1] == "ALiBi: not measured yet."
@@ -527,3 +532,73 @@ def test_a_results_file_is_continued_only_where_its_models_trained(corpus_file, 
     assert capsys.readouterr().err == ("aftalibi extrapolate: error: device 'cuda': this machine has no CUDA device "
                                        "that torch can use; use auto or cpu\n")
     assert path.read_bytes() == before
+
+
+# --- The README's picture and the statements computed from the shipped results ---------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+SHIPPED = ROOT / "aftalibi" / "results" / "extrapolation.json"
+IMAGE = ROOT / "docs" / "_static" / "extrapolation.png"
+
+
+def test_the_readme_figure_is_the_one_the_shipped_results_draw(tmp_path):
+    """docs/_static/extrapolation.png (`make figure`) records the digest of the results it shows: a stale
+    image fails. With the matplotlib that drew it, redrawing gives the same pixels."""
+    from PIL import Image
+    import matplotlib
+    from matplotlib.image import imread
+
+    from aftalibi.extrapolate import figure_digest, save_extrapolation_figure
+
+    results = load_results(SHIPPED)
+    committed = Image.open(IMAGE)
+    assert committed.info["aftalibi-results"] == figure_digest(results), (
+        "docs/_static/extrapolation.png was drawn from other results: run `make figure`")
+    assert committed.size == (740, 520), "drawn at the docs' column width, 7.4 in at 100 dpi"
+    changed = {**results, "evaluations": [{**r, "loss": None if r["loss"] is None else r["loss"] + 0.1}
+                                          for r in results["evaluations"]]}
+    assert figure_digest(changed) != figure_digest(results)  # another loss: another digest
+    redrawn = save_extrapolation_figure(results, tmp_path / "figure.png")
+    assert Image.open(redrawn).info["aftalibi-results"] == committed.info["aftalibi-results"]
+    if committed.info["matplotlib"] == matplotlib.__version__:  # other versions place text differently
+        assert (imread(redrawn) == imread(IMAGE)).all(), "the committed image differs from a redraw"
+
+
+def test_the_figure_script_writes_the_image(tmp_path):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("extrapolation_figure", ROOT / "docs" / "extrapolation_figure.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    assert script.main(tmp_path / "picture.png").stat().st_size > 10_000
+
+
+def test_statements_about_the_shipped_results_are_computed_from_them():
+    """The ranking at L and the window dependence that the data rules out, as notebook 07 states them."""
+    from aftalibi.extrapolate import headline_table, window_dependence_bound
+
+    results = load_results(SHIPPED)
+    lines = findings(results)
+    ranking = next(line for line in lines if line.startswith("Ranking at L"))
+    best = [part.split()[0] for part in ranking.split("best first): ")[1].split(", ")[:3]]
+    assert best == ["aft-conv", "aft-full", "mha-rotary"]  # not rotary alone, as the text once said
+    sweep = sweep_summary(results)
+    bound = window_dependence_bound(sweep)
+    # s = 4 against s = 128 alone differ by 0.010 ± 0.020: more than 0.02 cannot be ruled out.
+    four, widest = sweep[4], sweep[128]
+    assert bound >= abs(four["mean"] - widest["mean"]) + (four["ci"] ** 2 + widest["ci"] ** 2) ** 0.5 > 0.029
+    assert any(line.startswith("Window dependence:") and f"{bound:.3f}" in line for line in lines)
+    assert window_dependence_bound({4: sweep[4]}) is None
+    rows = table_rows(headline_table(results))
+    assert rows[0] == ["variant", "seeds", "parameters", "L", "sliding L", "sliding 16L"]
+    assert [row[0].strip("`") for row in rows[2:]] == results["config"]["variants"]
+
+
+def test_experiment_files_stands_below_the_experiment():
+    """Appendix E's module imports neither extrapolate nor anything that imports it."""
+    import subprocess
+    import sys
+
+    code = "import sys, aftalibi.experiment_files; print('aftalibi.extrapolate' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True).stdout.strip() == "False"

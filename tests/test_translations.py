@@ -49,11 +49,15 @@ KEPT = {
 BLOCK_START = re.compile(r"^(?: {4}|\s*(?:#{1,6}(?:\s|$)|[-+*]\s|>|\d+[.)](?:\s|$)|```|~~~|:::|\$\$))")
 
 
+# A role with a title, {doc}`API reference <api/index>`: the title may be translated, not the target.
+TITLED_ROLE = re.compile(r"^(\{[^}]*\}`)[^`<]*(<[^`>]*>`)$")
+
+
 def kept(text: str) -> dict[str, list[str]]:
     """The spans of `text` that a translation keeps, by kind; code spans inside roles not twice."""
     found, rest = {}, text
     for kind in ["inline math", "role", "code span", "link target"]:
-        spans = [m.group(0) for m in KEPT[kind].finditer(rest)]
+        spans = [TITLED_ROLE.sub(r"\1\2", m.group(0)) for m in KEPT[kind].finditer(rest)]
         found[kind] = sorted(spans)
         if kind in ("inline math", "role"):  # `$` inside code is not math, but a role's code is its own
             rest = KEPT[kind].sub(" ", rest)
@@ -129,6 +133,9 @@ def test_kept_spans_are_checked():
     for start in ["3. ALiBi", "# 見出し", "- 項目", "> 引用", "* 項目", "+ 項目"]:
         assert "starts a Markdown block" in message_problems("x", start)[0], start
     assert message_problems("3. ALiBi: attention", r"3\. ALiBi：アテンション") == []
+    titled = "See the {doc}`API reference <api/index>`."
+    assert message_problems(titled, "{doc}`API リファレンス <api/index>` を参照。") == []
+    assert "role changed" in message_problems(titled, "{doc}`API リファレンス <api/other>` を参照。")[0]
     assert message_problems("*Train Short*, ICLR", "*Train Short*、ICLR") == []
 
 

@@ -67,7 +67,8 @@ def complete_pages(confdir: Path) -> dict[str, list[str]]:
 
 def is_untranslatable(node: nodes.Node) -> bool:
     """Display math, a paragraph that is only the Colab badge, and one that is only a reference to
-    code (the annotated pages' `{py:obj}` label of each definition): nothing to translate."""
+    code (the annotated pages' `{py:obj}` label of each definition) or an image: nothing to
+    translate."""
     if isinstance(node, nodes.math_block):
         return True
     if isinstance(node, nodes.paragraph) and node.rawsource and COLAB.match(node.rawsource):
@@ -86,10 +87,11 @@ def is_output(node: nodes.Node) -> bool:
 
 
 def is_code(node: nodes.Node) -> bool:
-    """Code, or a reference whose text is code (`{py:obj}` roles), or blank space."""
+    """Code, or a reference whose text is code (`{py:obj}` roles), an image (its alt text is a
+    message of its own), or blank space."""
     if isinstance(node, nodes.Text):
         return not node.strip()
-    if isinstance(node, nodes.literal):
+    if isinstance(node, (nodes.literal, nodes.image)):
         return True
     return isinstance(node, (nodes.reference, addnodes.pending_xref)) and bool(node.children) \
         and all(isinstance(child, nodes.literal) for child in node.children)

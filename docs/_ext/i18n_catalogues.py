@@ -104,6 +104,8 @@ def read(path: Path) -> Catalog | None:
 
 
 def write(path: Path, catalogue: Catalog) -> None:
+    for message in catalogue:  # babel's guesses (python-format) mean nothing here
+        message.flags -= {"python-format", "python-brace-format"}
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
         # No wrapping: a message is one line, its diff one line.
@@ -117,7 +119,7 @@ def update(extracted: dict[str, Catalog]) -> None:
         for docname, source in extracted.items():
             template = Catalog(locale=None, project="aftalibi", fuzzy=False)
             for msgid in own_messages(docname, extracted):
-                template.add(msgid).flags.clear()  # babel's guesses (python-format) mean nothing here
+                template.add(msgid)
             path = catalogue_path(language, docname)
             catalogue = read(path)
             if catalogue is None:
