@@ -252,6 +252,24 @@ def add_static_path(app: Sphinx, config) -> None:
         config.html_static_path = [*config.html_static_path, str(HERE / "static")]
 
 
+# MyST-NB's prompts of a folded cell ("Show code cell source"): its settings, not gettext messages,
+# so they are translated in our interface catalogue (sphinx.po) and set from it.
+CODE_PROMPTS = {"nb_code_prompt_show": "Show code cell {type}", "nb_code_prompt_hide": "Hide code cell {type}"}
+
+
+def translate_code_prompts(app: Sphinx, config) -> None:
+    """Set MyST-NB's prompts from sphinx.po, before MyST-NB reads its settings."""
+    ours = Path(app.confdir) / "locales" / str(config.language) / "LC_MESSAGES" / "sphinx.po"
+    if not ours.is_file():
+        return
+    with ours.open("rb") as f:
+        catalogue = pofile.read_po(f)
+    for setting, msgid in CODE_PROMPTS.items():
+        message = catalogue.get(msgid)
+        if message is not None and message.string and not message.fuzzy:
+            setattr(config, setting, message.string)
+
+
 class SearchSinhala(SearchLanguage):
     """Sinhala: a word runs on through its vowel signs and virama (Unicode marks) and the zero-width
     joiners of conjuncts; the default splitter cuts words at each of them."""
@@ -277,6 +295,7 @@ function splitQuery(query) {
 def setup(app: Sphinx) -> dict:
     app.add_config_value("i18n_languages", [], "html", types=[list])
     app.connect("config-inited", add_switcher)
+    app.connect("config-inited", translate_code_prompts, priority=400)
     app.connect("builder-inited", write_shared_catalogues)
     app.connect("source-read", note_catalogues)
     app.connect("html-page-context", language_links)

@@ -113,9 +113,19 @@ def write(path: Path, catalogue: Catalog) -> None:
                         sort_output=False, ignore_obsolete=False)
 
 
+# Interface strings of the extensions (not Sphinx's or Furo's), kept in every sphinx.po.
+UI_MESSAGES = ["Show code cell {type}", "Hide code cell {type}"]
+
+
 def update(extracted: dict[str, Catalog]) -> None:
     """Merge the extracted messages into every language's catalogues."""
     for language in LANGUAGES:
+        interface = read(catalogue_path(language, "sphinx"))
+        if interface is not None and any(msgid not in interface for msgid in UI_MESSAGES):
+            for msgid in UI_MESSAGES:
+                if msgid not in interface:
+                    interface.add(msgid)
+            write(catalogue_path(language, "sphinx"), interface)
         for docname, source in extracted.items():
             template = Catalog(locale=None, project="aftalibi", fuzzy=False)
             for msgid in own_messages(docname, extracted):
