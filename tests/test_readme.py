@@ -21,7 +21,7 @@ PAGES = [README, ROOT / "CONTRIBUTING.md", ROOT / "benchmarks" / "README.md",
 # [text](target) and ![alt](target); a target ends at the first space or closing parenthesis.
 LINK = re.compile(r"!?\[([^\]]*)\]\(([^)\s]+)\)")
 CODE_BLOCK = re.compile(r"```[^\n]*\n(.*?)```", re.S)
-INLINE_CODE = re.compile(r"`([^`\n]+)`")
+INLINE_CODE = re.compile(r"`([^`]+)`")
 
 
 def text(path: Path) -> str:
@@ -199,3 +199,24 @@ def test_each_fact_is_stated_once(fact):
              for page in PAGES}
     stated = {name: count for name, count in found.items() if count}
     assert sum(stated.values()) == 1, f"{fact!r} is stated {stated or 'nowhere'}: state it once, link to it"
+
+
+def test_the_pages_describe_the_presets_the_code_has():
+    """The demo's and the GPU recipe's sizes, as the README and the command-line page give them,
+    are the code's defaults and presets."""
+    from aftalibi.model import ModelConfig
+    from aftalibi.train import DEMO_MODEL, EVAL_SEQ_LEN, PRESETS, TrainConfig
+
+    demo, defaults = ModelConfig(vocab_size=80, **DEMO_MODEL), TrainConfig()
+    gpu, gpu_train = PRESETS["gpu"]["model"], PRESETS["gpu"]["train"]
+    steps = f"{defaults.max_steps} steps of {defaults.batch_size} windows of {defaults.seq_len} characters"
+    cli = " ".join(text(ROOT / "docs" / "cli.md").split())
+    assert steps in " ".join(text(README).split()) and steps in cli
+    assert (f"{demo.n_layers} blocks of width {demo.d_model}, {demo.n_heads} heads and an MLP of "
+            f"{demo.d_ff}") in cli
+    assert (f"width {gpu['d_model']}, {gpu['n_layers']} blocks of {gpu['n_heads']} heads, MLP "
+            f"{gpu['d_ff']}, {gpu_train['batch_size']} windows of {gpu_train['seq_len']} characters, "
+            f"{gpu_train['max_steps']} steps, dropout {gpu['dropout']}, weight decay "
+            f"{gpu_train['weight_decay']}, into `{gpu_train['out_dir']}`") in cli
+    assert (f"Every {defaults.eval_every} steps it scores {defaults.eval_windows} windows of the "
+            f"validation plays, each {EVAL_SEQ_LEN} characters long") in cli
