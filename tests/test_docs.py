@@ -97,8 +97,10 @@ function outputBoxes(main) {
   const scrollingCode = [...main.querySelectorAll("div.cell_input pre")]
     .filter(pre => pre.scrollWidth > pre.clientWidth + 1 &&
                    Math.max(...pre.textContent.split("\\n").map(l => l.length)) <= 88);
+  const splitStreams = [...main.querySelectorAll("div.cell_output")]
+    .filter(e => e.querySelectorAll(":scope > div.output.stream").length > 1);
   return {wideOutputs: wideOutputs.map(describe), emptyOutputs: emptyOutputs.map(e => e.className),
-          scrollingCode: scrollingCode.map(describe)};
+          scrollingCode: scrollingCode.map(describe), splitStreams: splitStreams.map(describe)};
 }
 """
 # TeX that MathJax left as it was: \( \) \[ \] delimiters, or $...$ / $$ that was never parsed as math.
@@ -366,6 +368,9 @@ def test_docstring_dollar_math_becomes_rest_math(search_math):
         "Weights :math:`w_{t, t'}` for \\|t - t'\\| < s, `$not math$`, :math:`m_h`, costs \\$5.",
         "", ".. math::", "", "   Y = \\sigma(Q)", "", "",
         "    .. math::", "", "       a |b|", "", "after"]
+    # The body of a math or literal block is TeX or code: no bar is escaped, no dollar converted.
+    block = ["Where::", "", "    |x| costs $5", "", ".. math::", "", "   \\|w\\| = |t - t'|", "", "Then |t|."]
+    assert search_math.dollar_math_to_rest(block) == block[:-1] + ["Then \\|t\\|."]
     with pytest.raises(ValueError, match="never closes"):
         search_math.dollar_math_to_rest(["$$", "x"])
 
@@ -606,9 +611,16 @@ def test_outputs_fit_their_column(visits):
     """At 1400 px no output block is wider than the content column or scrolls sideways, and a code
     cell scrolls only for a line longer than 88 characters."""
     wide = {page: r["wideOutputs"] for page, r in visits.items() if r["wideOutputs"]}
-    assert not wide, f"outputs wider than the column: {json.dumps(wide, indent=1)}"
     code = {page: r["scrollingCode"] for page, r in visits.items() if r["scrollingCode"]}
-    assert not code, f"code cells of lines <= 88 characters that scroll: {code}"
+    assert not wide and not code, (f"outputs wider than the column: {json.dumps(wide, indent=1)}\n"
+                                   f"code cells of lines <= 88 characters that scroll: {code}")
+
+
+@needs_chromium
+def test_a_cells_printed_text_is_one_box(visits):
+    """What a cell prints comes in one box, not a box per print (myst-nb's nb_merge_streams)."""
+    split = {page: r["splitStreams"] for page, r in visits.items() if r["splitStreams"]}
+    assert not split
 
 
 @needs_chromium

@@ -355,8 +355,9 @@ def render_page(module: str, notebook_folder: str) -> tuple[str, list[str]]:
         links = ", ".join(f"[](project:/{notebook_folder}/{nb.name})" for nb in notebooks)  # the notebook's title
         origin = f" It is exported from the notebook {links}; the notes are the notebook's text above each exported cell."
     out += [
-        f"The code of `{relative}` is on the right, cut at each exported cell and definition; on the left, "
-        f"the notes and math that explain it, then the comments and docstrings of the code itself.{origin} "
+        f"The code of `{relative}` is on the right, cut at each exported cell, definition and comment "
+        f"block; on the left, the notes and math that explain it, then the comments and docstrings of "
+        f"the code itself (on a narrow screen, above it).{origin} "
         f"Reference: {{py:mod}}`{module}`.",
         "",
     ]

@@ -38,12 +38,23 @@ def inline_math(line: str) -> str:
     return "".join(parts)
 
 
+def indentation(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 def dollar_math_to_rest(lines: list[str]) -> list[str]:
-    """A docstring's lines with its `$...$` and `$$...$$` math in reST."""
+    """A docstring's lines with its `$...$` and `$$...$$` math in reST. The body of a block that
+    a line ending in `::` opens (`.. math::`, a literal block) is left as it is."""
     out: list[str] = []
     display: list[str] | None = None  # the lines of an open multi-line $$ block
     indent = ""
+    verbatim: int | None = None  # the indentation of the line that opened a `::` block
     for line in lines:
+        if verbatim is not None:
+            if not line.strip() or indentation(line) > verbatim:
+                out.append(line)
+                continue
+            verbatim = None
         if display is not None:
             if line.strip().endswith("$$"):
                 display.append(line.strip()[:-2])
@@ -59,6 +70,8 @@ def dollar_math_to_rest(lines: list[str]) -> list[str]:
             indent, display = line[: len(line) - len(line.lstrip())], [line.strip()[2:]]
         else:
             out.append(inline_math(line))
+            if line.rstrip().endswith("::"):
+                verbatim = indentation(line)
     if display is not None:
         raise ValueError("a docstring opens a $$ display formula and never closes it")
     return out
