@@ -34,6 +34,9 @@ notebook_pages_dir = "notebooks"
 nb_execution_mode = "off"
 # A cell's stdout (and its stderr) in one box, not one box per print.
 nb_merge_streams = True
+# A notebook's text/markdown outputs (result tables, findings lists) are read as MyST, so their
+# tables and math render as the notebook's own Markdown does.
+nb_render_markdown_format = "myst"
 # $...$, $$...$$ and \begin{...} environments in Markdown become math nodes for MathJax;
 # ::: fences hold directives (the annotated pages' two-column rows).
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence"]
