@@ -194,8 +194,8 @@ class _AFTBase(nn.Module):
         self.out = nn.Linear(d_model, d_model, bias=bias)  # W_O
 
     def _project_qkv(self, x: Tensor, key_padding_mask: Tensor | None) -> Tensor:
-        """[Q | K | V] `[B, T, 2 d + key channels]`: W_Q, W_K, W_V as one matmul, and
-        one gradient tensor."""
+        """The query, key and value projections of `x`, concatenated in that order:
+        `[B, T, 2 d_model + key channels]`, from one matmul."""
         check_tensor("x", x, (None, None, self.d_model), "[B, T, d_model]")
         kernels.check_key_padding_mask(key_padding_mask, x.shape[0], x.shape[1])
         weight = torch.cat([self.to_q.weight, self.to_k.weight, self.to_v.weight])
@@ -368,8 +368,8 @@ class AFTConv(_AFTBase):
 # %% ../notebooks/02_aft.ipynb #d81dd385
 @dataclass
 class AFTState:
-    """What recurrent decoding keeps: the running sums over every key so far, shifted by
-    their running max, and the last `window` keys and values for the band."""
+    """The state of recurrent decoding for `aft_step`: a layer's `new_state()` makes an
+    empty one for a batch."""
 
     window: int
     position: int = 0
