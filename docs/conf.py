@@ -21,7 +21,12 @@ extensions = [
     "annotated_source",
     "api_pages",
     "search_math",
+    "i18n",
 ]
+# Translations (docs/locales/README.md): one catalogue a page, docs/locales/<lang>/LC_MESSAGES/<page>.po.
+locale_dirs = ["locales"]
+gettext_compact = False
+gettext_location = False
 # Every ../notebooks/*.ipynb is copied to notebooks/ at build time (see _ext/notebook_pages.py).
 # They are executed by the test suite; the docs show their committed outputs.
 notebook_pages_source = "../notebooks"
