@@ -1,6 +1,7 @@
 # One-command set-up: every target builds the virtual environment it needs first.
 #   make demo   - the main job (runs on a CPU with the built-in defaults)
-#   make test   - unit tests and every notebook under nbval
+#   make test   - everything: unit tests, every notebook under nbval, Colab play, docs in a browser
+#   make check  - the inner loop (about 2 min): unit tests and the export check, no test marked slow
 #   make docs   - the HTML docs, offline, in English, Japanese and Sinhala, into docs/_build/html
 #   make translations - refresh the catalogues docs/locales/ after the English changed; coverage
 #   make lab    - JupyterLab on the notebooks (installs the notebooks extra once)
@@ -16,7 +17,7 @@ STAMP := $(VENV)/.installed
 LAB_STAMP := $(VENV)/.installed-notebooks
 COLAB_WHEELS := $(VENV)/.colab-wheels
 
-.PHONY: install demo test export clean-notebooks docs translations lab figure
+.PHONY: install demo test check export clean-notebooks docs translations lab figure
 
 $(STAMP): pyproject.toml
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else "aftalibi needs Python >= 3.11, and $(PYTHON) is Python " + sys.version.split()[0] + ": run make with PYTHON=python3.11 (or newer)")'
@@ -42,8 +43,17 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m aftalibi train --overwrite
 
+# A worker per core (pytest-xdist), each taking whole test files: a notebook's cells run in order in
+# one kernel, and a module's fixtures (a fresh Colab environment) are made once.
+PYTEST_PARALLEL := -n auto --dist loadfile
+
 test: $(STAMP) $(COLAB_WHEELS)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
+
+# The quick tier: tests/ without the tests marked slow (the notebooks under nbval, the Colab play,
+# the docs in a browser, fault injection), the export and sync checks included.
+check: $(STAMP)
+	$(BIN)/python -m pytest tests $(PYTEST_PARALLEL) -m "not slow"
 
 # Write the notebooks' exported cells into aftalibi/*.py, their Colab badges and install cells
 # (from pyproject.toml's Repository and aftalibi.__version__: aftalibi/_colab.py), and strip metadata.

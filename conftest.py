@@ -1,7 +1,10 @@
 """Test set-up shared by the unit tests (tests/) and the notebooks (notebooks/, under nbval)."""
 
 import os
+import time
+from collections import defaultdict
 
+import pytest
 import torch
 
 # Without a GPU, the Triton kernels (the AFT kernel "triton") run in Triton's interpreter, which is
@@ -27,3 +30,53 @@ def pytest_collection_modifyitems(items):
         cell = getattr(item, "cell", None)
         if cell is not None and cell.get("cell_type") == "code" and cell.get("execution_count") is None:
             cell.execution_count = 1
+
+
+# A test over this long that is not marked `slow` is named in every run's output (SuiteTime).
+SLOW_TEST_SECONDS = 30.0
+
+
+class SuiteTime:
+    """A guard that keeps the suite fast: every run ends with its wall time, its slowest files and
+    tests, and each test over SLOW_TEST_SECONDS that is not marked `slow`, one line each, so that a
+    new slow test is seen the day it lands (CONTRIBUTING.md). Under pytest-xdist the controller
+    receives every worker's reports, so its totals cover the whole run."""
+
+    shown = 15
+
+    def __init__(self):
+        self.start = time.perf_counter()
+        self.seconds = defaultdict(float)  # per test: set-up, call and teardown summed
+        self.marked_slow = set()
+
+    def pytest_runtest_logreport(self, report):
+        self.seconds[report.nodeid] += report.duration
+        if "slow" in report.keywords:
+            self.marked_slow.add(report.nodeid)
+
+    def pytest_terminal_summary(self, terminalreporter):
+        if not self.seconds:
+            return
+        per_file = defaultdict(float)
+        for nodeid, seconds in self.seconds.items():
+            per_file[nodeid.split("::")[0]] += seconds
+        slowest = lambda table: sorted(table.items(), key=lambda pair: -pair[1])[:self.shown]  # noqa: E731
+        write = terminalreporter.write_line
+        terminalreporter.section("suite time")
+        write(f"{len(self.seconds)} tests in {time.perf_counter() - self.start:.0f} s of wall time "
+              f"({sum(self.seconds.values()):.0f} s of test time, summed over workers)")
+        write("slowest files:")
+        for path, seconds in slowest(per_file):
+            write(f"{seconds:8.1f} s  {path}")
+        write("slowest tests:")
+        for nodeid, seconds in slowest(self.seconds):
+            write(f"{seconds:8.1f} s  {nodeid}")
+        for nodeid, seconds in sorted(self.seconds.items()):
+            if seconds > SLOW_TEST_SECONDS and nodeid not in self.marked_slow:
+                write(f"SLOW TEST: {nodeid} took {seconds:.0f} s, over {SLOW_TEST_SECONDS:.0f} s: make it "
+                      "faster, or mark it `slow` with the reason (CONTRIBUTING.md)")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: takes over 30 s by design; `make check` leaves it out")
+    config.pluginmanager.register(SuiteTime(), "suite-time")
