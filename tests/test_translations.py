@@ -99,12 +99,13 @@ def page_problems(extracted: list[str], done: dict[str, tuple[str, bool]]) -> li
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory):
+def extracted(tmp_path_factory, docs_tree_lock):
     """The current English messages of the complete pages and of the notebooks they share."""
     pages = sorted({page for _, page in COMPLETE} | {nb for _, page in COMPLETE for nb in catalogues.shared_notebooks(page)})
     if not pages:
         pytest.skip("no language declares a page complete yet")
-    return catalogues.extract(tmp_path_factory.mktemp("pot"), pages=pages)
+    with docs_tree_lock:
+        return catalogues.extract(tmp_path_factory.mktemp("pot"), pages=pages)
 
 
 def test_manifest_names_pages_that_exist():
@@ -177,8 +178,9 @@ def test_display_math_and_the_colab_badge_are_not_messages(extracted_03):
 
 
 @pytest.fixture(scope="module")
-def extracted_03(tmp_path_factory):
-    return catalogues.extract(tmp_path_factory.mktemp("pot03"), pages=[NOTEBOOK])[NOTEBOOK]
+def extracted_03(tmp_path_factory, docs_tree_lock):
+    with docs_tree_lock:
+        return catalogues.extract(tmp_path_factory.mktemp("pot03"), pages=[NOTEBOOK])[NOTEBOOK]
 
 
 def test_annotated_pages_do_not_repeat_notebook_paragraphs():
@@ -201,12 +203,9 @@ def test_sinhala_search_keeps_words_whole():
 
 
 @pytest.fixture(scope="module")
-def site(tmp_path_factory) -> Path:
-    """`make docs`: every language, each a fresh -E -W build."""
-    out = tmp_path_factory.mktemp("i18n-docs") / "html"
-    errors = i18n_site.build_site(out)
-    assert not errors, "\n".join(errors)
-    return out
+def site(docs_site) -> Path:
+    """`make docs`: every language, each a fresh -E -W build (tests/conftest.py builds it once)."""
+    return docs_site
 
 
 def test_every_language_builds_without_a_warning(site):
