@@ -4,18 +4,13 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import signal
-import sys
-import threading
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
 
 import torch
 from torch.nn.parallel import DistributedDataParallel
@@ -24,18 +19,24 @@ import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
 from .aft import AFT_KERNELS, aft_kernel
 from .data import CharTokenizer, load_corpus, sequential_windows
 from .model import LanguageModel, ModelConfig, generate
+# The run machinery of Appendix D; the names are importable from here too.
+from .runs import (  # noqa: F401
+    CHECKPOINT_FIELDS, CHECKPOINT_FORMAT, FLOAT_LIMITS, OPTIONAL_CHECKPOINT_FIELDS,
+    CheckpointError, Distributed, Progress, RunInUse, Terminated, TrainingDiverged,
+    WriteFailed, check_attention_memory, check_checkpoint, check_finite_weights,
+    check_model_memory, check_new_run, check_run_folders, check_train_options,
+    check_writable, content_checksum, corpus_checksum, device_memory, labml_run,
+    load_checkpoint, mean_over_ranks, model_from_checkpoint, model_only,
+    process_group, process_is_running, remove_stale_temporaries, replace_atomically,
+    resumed_options, run_lock, save_checkpoint, saved_model_options,
+    sigterm_stops_like_ctrl_c, signals_held, sync_folder, trained_context)
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'FLOAT_LIMITS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CHECKPOINT_FORMAT',
-           'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'TrainConfig', 'validation_length', 'select_device',
-           'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision', 'mixed_precision',
-           'Optimizers', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate', 'CheckpointError',
-           'sync_folder', 'signals_held', 'replace_atomically', 'process_is_running', 'remove_stale_temporaries',
-           'content_checksum', 'save_checkpoint', 'load_checkpoint', 'check_checkpoint', 'saved_model_options',
-           'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_settings',
-           'check_new_run', 'RunInUse', 'TrainingDiverged', 'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable',
-           'run_lock', 'Distributed', 'process_group', 'mean_over_ranks', 'sample_windows', 'compact_tokens',
-           'device_memory', 'check_attention_memory', 'Progress', 'labml_run', 'train']
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'TrainConfig', 'validation_length',
+           'select_device', 'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision',
+           'mixed_precision', 'Optimizers', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate',
+           'resumed_settings', 'sample_windows', 'compact_tokens', 'Run', 'run_settings', 'run_device',
+           'check_eval_length', 'start_run', 'train_steps', 'finish_evaluation', 'train', 'save_on_stop']
 
 # %% ../notebooks/06_train.ipynb #9e320c2e
 OPTIMIZERS = ("adamw", "muon")
@@ -61,11 +62,6 @@ PRESETS = {
 }
 
 # %% ../notebooks/06_train.ipynb #7eb4b334
-# The largest value of each float option of TrainConfig (the smallest is 0).
-FLOAT_LIMITS = {"learning_rate": 1.0, "min_learning_rate": 1.0,
-                "muon_learning_rate": 1.0, "weight_decay": math.inf,
-                "grad_clip": math.inf}
-
 # Characters per validation window when eval_seq_len is not given and the model
 # has no position limit.
 EVAL_SEQ_LEN = 256
@@ -132,41 +128,9 @@ class TrainConfig:
         "folder of the run: its checkpoint and its labml record"})
 
     def __post_init__(self):
-        for name in ("seq_len", "batch_size", "max_steps", "eval_every", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        # nan, inf or an absurd size would only ruin the run: Adam and Muon move each
-        # weight by about the learning rate per step, and AdamW multiplies the weights
-        # by 1 - learning_rate * weight_decay.
-        for name, highest in FLOAT_LIMITS.items():
-            value = getattr(self, name)
-            if not (math.isfinite(value) and 0 <= value <= highest):
-                limits = f"in [0, {highest:g}]" if math.isfinite(highest) else ">= 0"
-                raise ValueError(
-                    f"{name} must be a finite number {limits}, got {value}")
-        if self.min_learning_rate > self.learning_rate:
-            raise ValueError("need 0 <= min_learning_rate <= learning_rate, "
-                             f"got {self.min_learning_rate} and {self.learning_rate}")
-        if self.learning_rate * self.weight_decay >= 1:
-            raise ValueError("learning_rate * weight_decay must be below 1 (AdamW "
-                             "multiplies the weights by 1 minus it at every step), "
-                             f"got {self.learning_rate} * {self.weight_decay}")
-        for name in ("warmup_steps", "eval_windows"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
-        if self.eval_seq_len is not None and self.eval_seq_len < 0:
-            raise ValueError(f"eval_seq_len must be >= 0, got {self.eval_seq_len}")
-        if not self.out_dir:
-            raise ValueError("out_dir must name a folder, got an empty string")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"unknown optimizer {self.optimizer!r}; choose one of "
-                             f"{', '.join(OPTIMIZERS)}")
-        if self.precision not in PRECISIONS:
-            raise ValueError(f"unknown precision {self.precision!r}; choose one of "
-                             f"{', '.join(PRECISIONS)}")
-        if self.aft_kernel not in ("auto", *AFT_KERNELS):
-            raise ValueError(f"unknown aft_kernel {self.aft_kernel!r}; choose auto or "
-                             f"one of {', '.join(AFT_KERNELS)}")
+        # one line naming the option, for each value out of range (Appendix D)
+        check_train_options(self, {"optimizer": OPTIMIZERS, "precision": PRECISIONS,
+                                   "aft_kernel": ("auto", *AFT_KERNELS)})
 
 
 def validation_length(config: TrainConfig, model: ModelConfig) -> int:
@@ -411,518 +375,26 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
     loss_sum, token_count = totals.tolist()
     return loss_sum / token_count
 
-# %% ../notebooks/06_train.ipynb #dc526511
-CHECKPOINT_FORMAT = "aftalibi-checkpoint-v1"
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, corrupted, or does not fit the run it is loaded
-    into."""
-
-
-def sync_folder(folder: Path) -> None:
-    """Flush a folder's entries (a rename into it) to the disk, where the system allows
-    opening a folder."""
-    if os.name == "posix":
-        descriptor = os.open(folder, os.O_RDONLY)
-        try:
-            os.fsync(descriptor)
-        finally:
-            os.close(descriptor)
-
-
-@contextlib.contextmanager
-def signals_held(signal_numbers=(signal.SIGINT, signal.SIGTERM)):
-    """Hold Ctrl-C (SIGINT) and SIGTERM within the block, and deliver them when it ends.
-
-    A signal's exception raised in the middle of `torch.save`'s writes to a file object
-    comes out of torch's zip writer as a RuntimeError ("unexpected pos"), not as the
-    KeyboardInterrupt that saves the run and says where: the run would end with a
-    traceback. So a write is never cut short; the signal acts as soon as it is done.
-    Only in the main thread (the one Python runs handlers in), and only where every
-    handler was set from Python.
-    """
-    handlers = {number: signal.getsignal(number) for number in signal_numbers}
-    main_thread = threading.current_thread() is threading.main_thread()
-    if not main_thread or None in handlers.values():
-        yield
-        return
-    received = []
-    for number in signal_numbers:
-        signal.signal(number, lambda number, frame: received.append(number))
-    try:
-        yield
-    finally:
-        for number, handler in handlers.items():
-            signal.signal(number, handler)
-        for number in dict.fromkeys(received):  # each once, in the order they came
-            signal.raise_signal(number)
-
-
-def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
-    """Write `path` with `write(file)` so that it holds, whatever happens, either its
-    old content or all of the new.
-
-    As databases do: the new content goes to a temporary file beside `path`, is flushed
-    to the disk (fsync), renamed over `path`, and the rename is flushed too (fsync of
-    the folder). The temporary file, `.NAME.PID.tmp`, never outlives the call; one left
-    by a killed process is removed by `remove_stale_temporaries`.
-
-    Ctrl-C or SIGTERM meanwhile waits until the file is whole (`signals_held`).
-    """
-    path = Path(path)
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with signals_held():
-        try:
-            with open(temporary, "wb") as file:
-                write(file)
-                file.flush()
-                os.fsync(file.fileno())
-            os.replace(temporary, path)
-        finally:
-            temporary.unlink(missing_ok=True)
-        sync_folder(path.parent)
-
-
-def process_is_running(pid: int) -> bool:
-    """Whether a process with this id exists (signal 0 checks without sending
-    anything)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # it exists, under another user
-        return True
-    return True
-
-
-def remove_stale_temporaries(folder: Path) -> list[Path]:
-    """Remove the temporary files `.NAME.PID.tmp` of `replace_atomically` whose process
-    no longer runs (one killed by SIGKILL, or a machine that lost power, while it
-    wrote); returns the removed files."""
-    removed = []
-    for temporary in Path(folder).glob(".*.tmp"):
-        pid = temporary.name.rsplit(".", 2)[-2]
-        if pid.isdigit() and not process_is_running(int(pid)):
-            temporary.unlink(missing_ok=True)
-            removed.append(temporary)
-    return removed
-
-# %% ../notebooks/06_train.ipynb #ca3b33b2
-def content_checksum(state: dict) -> str:
-    """SHA-256 of everything a checkpoint holds but its checksum: each tensor's dtype,
-    shape and bytes and each other value's repr, under its key path, in order.
-
-    torch's zip reader does not verify the CRCs of the records it reads: without this
-    sum, flipped bytes in a tensor load silently as another model.
-    """
-    digest = hashlib.sha256()
-
-    def add(value, where: str) -> None:
-        if isinstance(value, torch.Tensor):
-            tensor = value.detach().cpu().contiguous()
-            digest.update(f"{where}:{tensor.dtype}:{tuple(tensor.shape)}:".encode())
-            # the bytes, whatever the dtype
-            digest.update(tensor.reshape(-1).view(torch.uint8).numpy())
-        elif isinstance(value, dict):
-            for key, item in value.items():
-                add(item, f"{where}/{key!r}")
-        elif isinstance(value, (list, tuple)):
-            for index, item in enumerate(value):
-                add(item, f"{where}/{index}")
-        else:
-            digest.update(f"{where}={value!r};".encode())
-
-    add({key: value for key, value in state.items() if key != "checksum"}, "")
-    return digest.hexdigest()
-
-
-def save_checkpoint(path: Path, state: dict) -> None:
-    """Write `state` with its format and content checksum, replacing `path` atomically
-    and durably."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    state = {"format": CHECKPOINT_FORMAT, **state}
-    state["checksum"] = content_checksum(state)
-    replace_atomically(path, lambda file: torch.save(state, file))
-
-# %% ../notebooks/06_train.ipynb #ae60e44c
-# What every checkpoint holds (a model-only file too), and what most hold;
-# each with its type.
-CHECKPOINT_FIELDS = {"model_config": dict, "tokenizer": dict, "model": dict}
-OPTIONAL_CHECKPOINT_FIELDS = {"train_config": dict, "step": int, "history": list,
-                              "optimizer": dict}
-
-
-def load_checkpoint(path: Path) -> dict:
-    """Read a checkpoint and check it (`check_checkpoint`); a problem is a
-    CheckpointError that names it.
-
-    A checkpoint written before checksums were stored (no "checksum" entry) loads
-    without that check.
-    """
-    path = Path(path)
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a folder, not a checkpoint file (a run's "
-                              f"checkpoint is {path / 'checkpoint.pt'})")
-    if not path.is_file():
-        raise CheckpointError(f"checkpoint not found: {path}")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # torch raises many kinds for a damaged file
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint ({type(error).__name__}): "
-            "it may be corrupted") from None
-    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
-        raise CheckpointError(
-            f"{path} is not an aftalibi checkpoint of format {CHECKPOINT_FORMAT}")
-    check_checkpoint(state, path)
-    return state
-
-
-def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
-    """Refuse a checkpoint that is damaged or malformed before anything is built from
-    it.
-
-    The content must match its checksum (when it has one); the entries of
-    CHECKPOINT_FIELDS must be there, and they and those of OPTIONAL_CHECKPOINT_FIELDS
-    that are there must have their types; model_config must be a valid ModelConfig whose
-    parameters have exactly the shapes of the stored weights, and whose weights and
-    tables fit in this machine's memory, so that a crafted file cannot make
-    `model_from_checkpoint` allocate more than the file holds.
-    """
-    if "checksum" in state and state["checksum"] != content_checksum(state):
-        raise CheckpointError(f"{source} is damaged: its content does not match the "
-                              "checksum stored when it was saved; use another copy, "
-                              "or train again")
-    present = {name: kind for name, kind in OPTIONAL_CHECKPOINT_FIELDS.items()
-               if name in state}
-    for name, kind in {**CHECKPOINT_FIELDS, **present}.items():
-        if not isinstance(state.get(name), kind) or isinstance(state.get(name), bool):
-            raise CheckpointError(
-                f"{source}: entry {name!r} must be of type {kind.__name__}, "
-                f"got {type(state.get(name)).__name__}")
-    weights = state["model"]
-    if not all(isinstance(name, str) and isinstance(tensor, torch.Tensor)
-               for name, tensor in weights.items()):
-        raise CheckpointError(
-            f"{source}: entry 'model' must map parameter names to tensors")
-    try:
-        config = ModelConfig(**saved_model_options(state))
-    except (TypeError, ValueError) as error:
-        raise CheckpointError(
-            f"{source}: model_config is not a valid ModelConfig ({error})") from None
-    sizes = ("vocab_size", "d_model", "n_layers", "n_heads", "d_ff", "max_len",
-             "window", "factor_dim")
-    for name in sizes:
-        if type(getattr(config, name)) is not int:
-            raise CheckpointError(f"{source}: model_config {name} must be an integer, "
-                                  f"got {getattr(config, name)!r}")
-    if not (isinstance(config.dropout, (int, float)) and 0 <= config.dropout < 1):
-        raise CheckpointError(f"{source}: model_config dropout must be a number "
-                              f"in [0, 1), got {config.dropout!r}")
-    blocks = {name.split(".")[1] for name in weights if name.startswith("blocks.")}
-    # checked before the model is built: n_layers sets how many blocks it builds
-    if config.n_layers != len(blocks):
-        raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} "
-                              f"but the weights hold {len(blocks)} blocks")
-    try:
-        with torch.device("meta"):  # shapes only: nothing is allocated
-            expected = LanguageModel(config)
-    except (TypeError, ValueError, RuntimeError) as error:
-        raise CheckpointError(
-            f"{source}: model_config does not build a model ({error})") from None
-    shapes = {name: tuple(tensor.shape)
-              for name, tensor in expected.state_dict().items()}
-    stored = {name: tuple(tensor.shape) for name, tensor in weights.items()}
-    if shapes != stored:
-        wrong = (sorted(set(shapes) ^ set(stored))
-                 or [name for name in shapes if shapes[name] != stored[name]])
-        raise CheckpointError(f"{source}: the stored weights do not fit model_config "
-                              f"(first difference: {wrong[0]})")
-    needed = sum(tensor.numel() * tensor.element_size()
-                 for tensor in (*expected.parameters(), *expected.buffers()))
-    memory = device_memory(torch.device("cpu"))
-    if memory is not None and needed > memory:
-        raise CheckpointError(f"{source}: model_config asks for "
-                              f"{needed / 2 ** 30:,.0f} GiB of weights and tables, "
-                              f"more than this machine's {memory / 2 ** 30:,.0f} GiB")
-
-# %% ../notebooks/06_train.ipynb #bdb0e26a
-def saved_model_options(state: dict) -> dict:
-    """The ModelConfig options a checkpoint was trained with, older checkpoints
-    included."""
-    options = dict(state["model_config"])
-    if options.get("mixer") == "aft-full":
-        # AFT-full's rank before factor_dim became an option
-        options.setdefault("factor_dim", 128)
-    return options
-
-
-def trained_context(state: dict) -> int | None:
-    """How many tokens a checkpoint's model should read when it generates: its training
-    length if it has absolute positions (those past it were never trained), else None
-    (no limit)."""
-    config = ModelConfig(**saved_model_options(state))
-    return (None if config.max_positions is None
-            else min(config.max_positions, state["train_config"]["seq_len"]))
-
-
-def model_from_checkpoint(state: dict) -> tuple[LanguageModel, CharTokenizer]:
-    """Rebuild the model and tokenizer a checkpoint was trained with."""
-    try:
-        config = ModelConfig(**saved_model_options(state))
-        tokenizer = CharTokenizer.from_state_dict(state["tokenizer"])
-        model = LanguageModel(config)
-        model.load_state_dict(state["model"])
-    except (KeyError, TypeError, ValueError, RuntimeError) as error:
-        raise CheckpointError("checkpoint is incompatible with this version of "
-                              f"aftalibi: {error}") from None
-    if len(tokenizer) != config.vocab_size:
-        raise CheckpointError(f"checkpoint's tokenizer has {len(tokenizer)} characters "
-                              f"but its model {config.vocab_size}")
-    check_finite_weights(state)
-    return model, tokenizer
-
-
-def check_finite_weights(state: dict) -> None:
-    """Refuse the weights of a run that diverged: a model with nan or inf weights
-    computes nothing but nan."""
-    for name, tensor in state["model"].items():
-        if tensor.is_floating_point() and not torch.isfinite(tensor).all():
-            raise CheckpointError(f"the checkpoint's weight {name} holds nan or inf "
-                                  "values: the run that wrote it diverged, "
-                                  "and its model can neither sample nor be shared")
-
-
-
-def model_only(state: dict, dtype: torch.dtype = torch.float16) -> dict:
-    """A checkpoint cut down to a trained model, for sharing: the weights in `dtype`,
-    the configurations, the tokenizer, the step and the metrics; no optimizer or
-    batch-generator state, so it is about a quarter of the full checkpoint in float16
-    and cannot be resumed. `model_from_checkpoint` and `generate --checkpoint` read it
-    like a full checkpoint."""
-    if not dtype.is_floating_point:
-        raise ValueError(f"dtype must be a floating-point dtype, got {dtype}")
-    check_finite_weights(state)
-    largest = torch.finfo(dtype).max
-    weights = {}
-    for name, tensor in state["model"].items():
-        if tensor.is_floating_point():
-            if tensor.abs().max() > largest:  # e.g. float16 stops at 65504
-                raise ValueError(f"{name} holds values beyond {dtype}'s largest, "
-                                 f"{largest:g}: keep a wider dtype")
-            tensor = tensor.to(dtype)
-        weights[name] = tensor
-    kept = ("model_config", "train_config", "tokenizer", "step", "history")
-    return {**{key: state[key] for key in kept if key in state}, "model": weights}
-
 # %% ../notebooks/06_train.ipynb #a200583c
 def resumed_settings(state: dict, model_changes: dict, train_changes: dict,
                      source: Path) -> tuple[dict, TrainConfig]:
     """The model options and TrainConfig of the run saved in `state`, with
-    `train_changes` to the RESUMABLE fields.
-
-    A resumed run is the saved run continued: any other option asked for (in
-    `model_changes` or `train_changes`) must equal the saved value, or the error names
-    each one that differs.
-    """
-    if "optimizer" not in state:
-        raise CheckpointError(f"{source} holds a trained model only (no optimizer "
-                              "state, see model_only): it can be sampled and "
-                              "evaluated, not resumed")
-    saved_model = {name: value for name, value in saved_model_options(state).items()
-                   if name != "vocab_size"}
-    # A field added to TrainConfig after the checkpoint was written takes its default.
-    saved_train = {**asdict(TrainConfig()), **state["train_config"]}
-    # None: the run's own
-    train_changes = {name: value for name, value in train_changes.items()
-                     if value is not None}
-    conflicts = [f"{name}={value!r} (the run's: {saved[name]!r})"
-                 for saved, changes, free in ((saved_model, model_changes, ()),
-                                              (saved_train, train_changes, RESUMABLE))
-                 for name, value in changes.items()
-                 if name not in free and saved.get(name) != value]
-    if conflicts:
-        raise CheckpointError(f"{source} continues its saved run, which differs in "
-                              f"{', '.join(conflicts)}: drop those options (a resumed "
-                              f"run may change only {', '.join(RESUMABLE)}), "
-                              "or start a new run in another --out-dir")
-    return saved_model, TrainConfig(**{**saved_train, **{
-        name: train_changes[name] for name in RESUMABLE if name in train_changes}})
-
-
-def check_new_run(checkpoint_path: Path, overwrite: bool) -> None:
-    """A new run never replaces a saved one silently."""
-    if checkpoint_path.exists() and not overwrite:
-        raise CheckpointError(f"{checkpoint_path.parent} already holds a run "
-                              f"({checkpoint_path.name}): continue it with --resume, "
-                              "replace it with --overwrite, "
-                              "or choose another --out-dir")
-
-# %% ../notebooks/06_train.ipynb #f3a9c1e7
-class RunInUse(RuntimeError):
-    """Another process is running in the folder (or on the file) a run was asked to
-    use."""
-
-
-class TrainingDiverged(ArithmeticError):
-    """The loss or the weights became nan or inf: the run stopped and kept its last good
-    checkpoint."""
-
-
-class Terminated(KeyboardInterrupt):
-    """Raised by SIGTERM while `sigterm_stops_like_ctrl_c` is active: the run stops as
-    it does for Ctrl-C."""
-
-
-@contextlib.contextmanager
-def sigterm_stops_like_ctrl_c():
-    """Within the block, SIGTERM (what `timeout`, `docker stop`, SLURM and Kubernetes
-    send) raises Terminated, a KeyboardInterrupt, so a run saves and says where, as for
-    Ctrl-C.
-
-    Only in the main thread and where SIGTERM still has its default action: a handler
-    the program installed itself is left alone. The default comes back after the block.
-    """
-    if (threading.current_thread() is not threading.main_thread()
-            or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL):
-        yield
-        return
-
-    def stop(signal_number, frame):
-        raise Terminated
-
-    signal.signal(signal.SIGTERM, stop)
+    `train_changes` to the RESUMABLE fields (Appendix D's `resumed_options`)."""
+    model_options, train_options = resumed_options(
+        state, model_changes, train_changes, source, defaults=asdict(TrainConfig()),
+        resumable=RESUMABLE)
     try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
-def check_writable(path: Path, option: str, *, folder: bool) -> None:
-    """Refuse, before any work, an output that cannot be written: a folder (`folder`) or
-    a file `path` must not be the other kind, and the nearest part of it that exists
-    must be a folder this process may write in."""
-    path = Path(path)
-    if path.exists() and path.is_dir() != folder:
-        raise ValueError(
-            f"{option} {path} is "
-            f"{'a file, not a folder' if folder else 'a folder, not a file path'}")
-    inside = path if folder else path.parent
-    existing = next(part for part in (inside, *inside.parents) if part.exists())
-    if not existing.is_dir():
-        raise ValueError(f"{option} {path} lies under {existing}, which is a file")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise ValueError(f"{option} {path} cannot be written: this process may not "
-                         f"write in {existing}")
-
-# %% ../notebooks/06_train.ipynb #80e658f6
-@contextlib.contextmanager
-def run_lock(lock: Path, option: str):
-    """Hold the file `lock` exclusively for the duration of the block: one run at a time
-    in a folder, or on a file.
-
-    A second process stops at once with RunInUse, naming the holder's process id
-    (written in the file) and `option`. The lock is `fcntl.flock`, which the kernel
-    releases when its process ends, however it ends (SIGKILL, a crash): the lock of a
-    process that is gone is free, and the next run takes it over without guessing
-    whether it is stale. On release the file is removed while still locked; a process
-    that opened it meanwhile sees, once it holds the lock, that the path no longer names
-    the file it locked, and locks the new one. Folders the lock had to create are
-    removed on release when nothing else was written in them: a run refused after taking
-    it leaves nothing.
-    """
-    import fcntl
-
-    lock = Path(lock)
-    created = [part for part in (lock.parent, *lock.parent.parents)
-               if not part.exists()]  # the deepest first
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    while True:
-        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = (os.read(descriptor, 32).decode(errors="replace").strip()
-                      or "that is starting")
-            os.close(descriptor)
-            raise RunInUse(f"{lock.parent} is in use by another run: process {holder} "
-                           f"holds {lock}; wait for it to end, stop it, "
-                           f"or choose another {option}") from None
-        with contextlib.suppress(FileNotFoundError):
-            if os.path.samestat(os.fstat(descriptor), os.stat(lock)):
-                break
-        # its holder removed this file as it released it: lock the file now at the path
-        os.close(descriptor)
-    try:
-        os.ftruncate(descriptor, 0)
-        os.write(descriptor, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        lock.unlink(missing_ok=True)
-        os.close(descriptor)
-        for folder in created:
-            with contextlib.suppress(OSError):  # not empty: the run wrote there
-                folder.rmdir()
-
-# %% ../notebooks/06_train.ipynb #5b7c2e91
-@dataclass(frozen=True)
-class Distributed:
-    """This process's place in a torchrun job; rank 0 of 1 when it runs alone."""
-
-    rank: int = 0
-    world_size: int = 1
-    local_rank: int = 0
-
-    @classmethod
-    def from_environment(cls) -> Distributed:
-        """torchrun sets RANK, WORLD_SIZE and LOCAL_RANK in every process it starts."""
-        return cls(int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)),
-                   int(os.environ.get("LOCAL_RANK", 0)))
-
-    @property
-    def is_main(self) -> bool:
-        return self.rank == 0
-
-
-@contextlib.contextmanager
-def process_group(distributed: Distributed, device: torch.device):
-    """Join the job's process group for the duration of a run: NCCL on CUDA, gloo
-    otherwise.
-
-    Nothing to do for a single process, or when the caller has already joined a group.
-    """
-    if distributed.world_size == 1 or torch.distributed.is_initialized():
-        yield
-        return
-    backend = "nccl" if device.type == "cuda" else "gloo"
-    torch.distributed.init_process_group(backend, rank=distributed.rank,
-                                         world_size=distributed.world_size)
-    try:
-        yield
-    finally:
-        torch.distributed.destroy_process_group()
-
-
-def mean_over_ranks(value: torch.Tensor, world_size: int) -> float:
-    """The mean of a scalar over the ranks (each rank's value when it runs alone)."""
-    value = value.detach().float().clone()
-    if world_size > 1:
-        torch.distributed.all_reduce(value)
-        value /= world_size
-    return value.item()
+        return model_options, TrainConfig(**train_options)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{source}: train_config is not valid ({error})") from None
 
 # %% ../notebooks/06_train.ipynb #a7b3c9d1
 def sample_windows(tokens: torch.Tensor, batch_size: int, seq_len: int,
                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """`[batch_size, seq_len]` int64 inputs and next-token targets from random positions
-    of `tokens`, drawn on their device.
-
-    The same draw as `data.random_windows` (on a CPU the same generator gives the same
-    windows), with the start positions drawn by `generator`, which must live on the
-    tokens' device.
-    """
+    of `tokens`, drawn on their device by `generator` (the draw of
+    `data.random_windows`)."""
     start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator,
                           device=tokens.device)  # [B]
     window = tokens[
@@ -938,133 +410,247 @@ def compact_tokens(tokens: torch.Tensor, vocab_size: int,
     dtype = torch.uint8 if vocab_size <= 256 else torch.int32
     return tokens.to(device=device, dtype=dtype)
 
+# %% ../notebooks/06_train.ipynb #a1c0ff01
+@dataclass
+class Run:
+    """A run in progress: what the loop changes, and `save`, the checkpoint that
+    continues it."""
 
-def device_memory(device: torch.device) -> int | None:
-    """Bytes of memory of `device` (the machine's RAM for a CPU), or None where it
-    cannot be read."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).total_memory
-    if device.type == "cpu" and hasattr(os, "sysconf"):
-        with contextlib.suppress(ValueError, OSError):
-            return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return None
+    config: TrainConfig
+    model: LanguageModel
+    optimizer: torch.optim.Optimizer | Optimizers
+    scaler: torch.amp.GradScaler
+    precision: str  # what the forward pass runs in (training_precision)
+    batches: torch.Generator  # draws the windows, on the device
+    tokenizer: CharTokenizer
+    corpus_checksum: str
+    path: Path  # the checkpoint
+    is_main: bool = True  # rank 0 writes; the replicas are identical
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    labml_run: str = field(default_factory=lambda: uuid.uuid4().hex)
+    saved_step: int | None = None  # of the checkpoint on disk
+    pending: dict | None = None  # an evaluation begun, not yet in the history
+    continues: str = ""  # the labml record of the run a resumed one continues
 
+    def save(self) -> None:
+        """Write the checkpoint; signals wait from the first check to the last byte."""
+        with signals_held():
+            finite = torch.stack([torch.isfinite(parameter).all()
+                                  for parameter in self.model.parameters()]).all()
+            if not finite.item():  # one read from the device per checkpoint
+                raise self.diverged("the model's weights", "nan or inf")
+            if self.is_main:
+                save_checkpoint(self.path, self.state())
+            self.saved_step = self.step
 
-def check_attention_memory(model: ModelConfig, config: TrainConfig,
-                           device: torch.device, world_size: int = 1) -> None:
-    """Refuse, before any work, a batch whose attention scores or activations alone
-    cannot fit in the device's memory.
+    def state(self) -> dict:
+        pending = {} if self.pending is None else {"pending_evaluation": self.pending}
+        return {"model_config": asdict(self.model.config),
+                "train_config": asdict(self.config),
+                "tokenizer": self.tokenizer.state_dict(),
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "grad_scaler": self.scaler.state_dict(), "step": self.step,
+                "batch_generator": self.batches.get_state(),
+                "batch_generator_device": self.batches.device.type,
+                "history": self.history, "labml_run": self.labml_run,
+                "corpus_checksum": self.corpus_checksum, **pending}
 
-    Softmax attention on a CPU, and ALiBi everywhere (its bias is added to the scores),
-    holds a `[B, H, T, T]` tensor of float32 scores per layer; a long `seq_len` makes
-    that enormous (T = 100,000 with 32 windows and 4 heads is 5 TB). On CUDA, attention
-    without a bias runs in flash kernels that never hold the scores. Every mixer, on
-    every device, keeps for backward at least each block's float32 input
-    `[B, T, d_model]` and its MLP's hidden layer `[B, T, d_ff]` (bfloat16 at the least),
-    and the logits `[B, T, vocab]`; AFT-full also holds its biases w = U W^T, `[T, T]`,
-    in every layer. What is refused cannot fit; what passes may still run out of memory.
-    """
-    memory = device_memory(device)
-    if memory is None:
-        return
-    windows, length = config.batch_size // world_size, config.seq_len
-    if model.mixer == "alibi" or (model.mixer == "mha" and device.type != "cuda"):
-        # bytes of [B, H, T, T] float32
-        scores = windows * model.n_heads * length ** 2 * 4
-        if scores > memory:
-            raise ValueError(f"seq_len={length} is too long for {model.mixer} on "
-                             f"{device.type}: one layer's attention scores ({windows} "
-                             f"windows x {model.n_heads} heads x seq_len^2 float32s) "
-                             f"need {scores / 2 ** 30:,.0f} GiB, more than the "
-                             f"device's {memory / 2 ** 30:,.0f} GiB; use a shorter "
-                             "--seq-len or a smaller --batch-size")
-    kept = windows * length * (model.n_layers * (4 * model.d_model + 2 * model.d_ff)
-                               + 2 * model.vocab_size)  # bytes
-    biases = model.n_layers * length ** 2 * 4 if model.mixer == "aft-full" else 0
-    if kept + biases > memory:
-        what = "the activations backward keeps" + (
-            " and AFT-full's seq_len^2 biases per layer" if biases else "")
-        raise ValueError(f"seq_len={length} with batch_size={config.batch_size} is too "
-                         f"large for {model.mixer} on {device.type}: {what} need at "
-                         f"least {(kept + biases) / 2 ** 30:,.0f} GiB, "
-                         f"more than the device's {memory / 2 ** 30:,.0f} GiB; "
-                         "use a shorter --seq-len or a smaller --batch-size")
+    def diverged(self, what: str, value) -> TrainingDiverged:
+        kept = ("no checkpoint was written" if self.saved_step is None
+                else f"{self.path} still holds step {self.saved_step}, untouched")
+        return TrainingDiverged(
+            f"{what} became {value} by step {self.step}: the run stopped, and {kept}; "
+            "lower the learning rate (--learning-rate, --muon-learning-rate) or keep "
+            "gradient clipping on (--grad-clip)")
 
-# %% ../notebooks/06_train.ipynb #e4c8f2a6
-class Progress:
-    """What a run shows as it goes.
+    def restore(self, state: dict) -> None:
+        """Continue the run saved in `state`: optimizer, batches, step, history."""
+        peaks = [group["peak_lr"] for group in self.optimizer.param_groups]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if state.get("batch_generator_device", "cpu") == self.batches.device.type:
+                self.batches.set_state(state["batch_generator"])
+            else:  # another kind of device: a fresh stream, seeded by the step
+                self.batches.manual_seed(self.config.seed + state["step"])
+            if self.scaler.is_enabled() and state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{self.path}: its optimizer or batch state does not "
+                                  f"fit its model ({str(error)[:100]})") from None
+        for group, peak in zip(self.optimizer.param_groups, peaks):
+            group["peak_lr"] = peak  # the peaks are this run's config
+        self.step, self.history = state["step"], state["history"]
+        self.saved_step, self.pending = state["step"], state.get("pending_evaluation")
+        self.continues = state.get("labml_run", "")
 
-    On a terminal: one live line (step of max_steps, training loss, speed, time left)
-    rewritten in place at every report, and a line of its own at every evaluation.
-    Anywhere else (a file, a pipe, a notebook): only the evaluation lines, so a log
-    reads one line per evaluation.
-    """
-
-    def __init__(self, max_steps: int, *, live: bool | None = None,
-                 enabled: bool = True):
-        self.max_steps, self.enabled = max_steps, enabled
-        self.live = sys.stdout.isatty() if live is None else live
-        self.shown = False  # a live line is on screen
-
-    def report(self, step: int, train_loss: float, tokens_per_second: float,
-               steps_per_second: float) -> None:
-        if not (self.enabled and self.live):
-            return
-        left = ((self.max_steps - step) / steps_per_second if steps_per_second > 0
-                else float("nan"))
-        eta = f"{int(left // 60)}:{int(left % 60):02d}" if math.isfinite(left) else "?"
-        print(f"\rstep {step}/{self.max_steps}  loss {train_loss:.3f}  "
-              f"{tokens_per_second:,.0f} tokens/s  {eta} left ", end="", flush=True)
-        self.shown = True
-
-    def evaluation(self, step: int, train_loss: float, validation_loss: float) -> None:
-        if not self.enabled:
-            return
-        line = (f"step {step}/{self.max_steps}  loss {train_loss:.3f}  validation "
-                f"{validation_loss:.3f}")
-        # over the live line, and all of it
-        print(f"\r{line:<70}" if self.shown else line, flush=True)
-        self.shown = False
-
-    def close(self) -> None:
-        if self.enabled and self.shown:
-            print(flush=True)
-            self.shown = False
+# %% ../notebooks/06_train.ipynb #a1c0ff02
+def run_settings(model_config: dict | None, config: TrainConfig, asked: dict,
+                 resume: bool,
+                 overwrite: bool) -> tuple[dict, TrainConfig, dict | None]:
+    """The model options and TrainConfig of this call, and the saved state it
+    resumes (None for a new run, which never replaces a saved one silently)."""
+    path = Path(config.out_dir) / "checkpoint.pt"
+    if not resume:
+        check_new_run(path, overwrite)
+        return (DEMO_MODEL if model_config is None else model_config), config, None
+    state = load_checkpoint(path)
+    model_options, config = resumed_settings(state, model_config or {}, asked, path)
+    return model_options, config, state
 
 
-@contextlib.contextmanager
-def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True):
-    """Record this call of a run with labml as the run `run_uuid` in `out_dir`/labml.
+def run_device(config: TrainConfig, model_options: dict,
+               distributed: Distributed) -> torch.device:
+    """The device of this process, once the options that need no data are checked."""
+    if config.batch_size % distributed.world_size:
+        raise ValueError(f"batch_size={config.batch_size} is not divisible by the "
+                         f"world size {distributed.world_size}: every process takes an "
+                         "equal share of each batch")
+    device = select_device(config.device)
+    if distributed.world_size > 1 and device.type == "cuda":
+        device = torch.device("cuda", distributed.local_rank)
+        torch.cuda.set_device(device)
+    settings = ModelConfig(**{**model_options, "vocab_size": 1})  # its own checks
+    if config.aft_kernel == "triton" and settings.mixer.startswith("aft"):
+        from aftalibi.aft_triton import unavailable_reason
 
-    labml writes the configs and the metrics to files (no screen writer: `Progress`
-    shows the run), and its own messages (the run header with the last git commit
-    message) are not printed.
-    """
-    if not enabled:
-        yield
-        return
-    import threading
+        if (reason := unavailable_reason(device)) is not None:
+            raise ValueError(
+                f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
+    check_model_memory(settings, device)
+    return device
 
-    from labml import experiment, lab
-    from labml.internal.logger import logger_singleton
-    from labml.internal.tracker.writers.file import FileWriterThread
 
-    lab.configure({"experiments_path": str((out_dir / "labml").resolve())})
-    logger = logger_singleton()
-    # an instance attribute over the method, removed below
-    logger.log = lambda *args, **kwargs: None
-    try:
-        experiment.create(uuid=run_uuid, name=out_dir.resolve().name, writers={"file"})
-        experiment.configs(configs)
-        with experiment.start():
-            yield
-    finally:
-        del logger.log
-        # labml's file writer is a thread of its own: the record is complete
-        # when the run returns.
-        for thread in threading.enumerate():
-            if isinstance(thread, FileWriterThread):
-                thread.join(timeout=10)
+def check_eval_length(model: ModelConfig, seq_len: int, eval_seq_len: int) -> None:
+    """A model with absolute positions is trained and scored within them."""
+    for name, length in (("seq_len", seq_len), ("eval_seq_len", eval_seq_len)):
+        if model.max_positions is not None and length > model.max_positions:
+            raise ValueError(f"{name}={length} is longer than this model's "
+                             f"max_len={model.max_positions}")
+    if model.max_positions is not None and eval_seq_len > seq_len:
+        # Positions seq_len .. max_len - 1 never receive a gradient.
+        mixer = "mha with learned positions" if model.mixer == "mha" else model.mixer
+        raise ValueError(f"{mixer} has absolute positions and trains only the first "
+                         f"seq_len={seq_len}: validation windows of "
+                         f"eval_seq_len={eval_seq_len} would score positions it never "
+                         "trained; use eval_seq_len=0 (= seq_len) or a seq_len of at "
+                         f"least {eval_seq_len}")
+
+# %% ../notebooks/06_train.ipynb #a1c0ff03
+def start_run(model_config: dict | None, config: TrainConfig, asked: dict,
+              resume: bool, overwrite: bool) -> tuple[Run, dict, torch.device]:
+    """Every check, then the corpus, the model and the optimizer, or those of the run
+    saved in out_dir; returns the run, its tokens on the device, and the device."""
+    model_options, config, state = run_settings(model_config, config, asked, resume,
+                                                overwrite)
+    distributed = Distributed.from_environment()
+    device = run_device(config, model_options, distributed)
+    corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic
+    corpus.check_length(config.seq_len)
+    settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
+    eval_seq_len = validation_length(config, settings)
+    if config.eval_seq_len is None:  # the checkpoint stores the length the run used
+        config = replace(config, eval_seq_len=eval_seq_len)
+    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
+    check_eval_length(settings, config.seq_len, eval_seq_len)
+    checksum = corpus_checksum(corpus)
+    check_attention_memory(settings, config, device, distributed.world_size)
+    if state is not None:
+        model, tokenizer = model_from_checkpoint(state)
+        path = Path(config.out_dir) / "checkpoint.pt"
+        if tokenizer != corpus.tokenizer:
+            raise CheckpointError(f"{path} was trained on a vocabulary of "
+                                  f"{len(tokenizer)} characters, the corpus "
+                                  f"{config.corpus!r} has {len(corpus.tokenizer)}")
+        if state.get("corpus_checksum", checksum) != checksum:
+            raise CheckpointError(
+                f"the corpus {config.corpus!r} is not the one the run in "
+                f"{config.out_dir} was trained on: its content changed; resume with "
+                "the same text, or start a new run")
+    else:
+        torch.manual_seed(config.seed)
+        model = LanguageModel(settings)
+    model.to(device)
+    precision = training_precision(config.precision, device)
+    run = Run(config=config, model=model, optimizer=make_optimizer(model, config),
+              scaler=mixed_precision(device, precision)[1], precision=precision,
+              batches=torch.Generator(device=device).manual_seed(config.seed),
+              tokenizer=corpus.tokenizer, corpus_checksum=checksum,
+              path=Path(config.out_dir) / "checkpoint.pt", is_main=distributed.is_main)
+    if state is not None:
+        run.restore(state)
+    # The whole corpus lives on the device, one byte per character: batches never
+    # cross the bus.
+    tokens = {split: compact_tokens(corpus.tokens(split), len(corpus.tokenizer), device)
+              for split in ("train", "validation")}
+    return run, tokens, device
+
+# %% ../notebooks/06_train.ipynb #a1c0ff04
+def train_steps(run: Run, forward, tokens: dict, last_step: int, progress: Progress,
+                world: Distributed, quiet: bool, meter: dict) -> None:
+    """Step `run` to `last_step`: the loop. `meter` keeps the last report's training
+    loss and this call's tokens and seconds of training."""
+    from labml import tracker
+
+    config, device = run.config, run.batches.device
+    autocast = mixed_precision(device, run.precision)[0]
+    shard = slice(world.rank, None, world.world_size)  # this rank's rows of a batch
+    first_step, reported, started = run.step, run.step, time.perf_counter()
+    loss_sum = torch.zeros((), device=device)  # losses since the last report
+    while run.step < last_step:
+        for group in run.optimizer.param_groups:
+            group["lr"] = group["peak_lr"] * learning_rate_factor(run.step, config)
+        inputs, targets = sample_windows(tokens["train"], config.batch_size,
+                                         config.seq_len, run.batches)  # [B, T]
+        with autocast:
+            _, loss = forward(inputs[shard], targets[shard])
+        optimizer_step(loss, run.model, run.optimizer, run.scaler, config.grad_clip)
+        run.step += 1
+        loss_sum += loss.detach()
+        evaluating = run.step % config.eval_every == 0 or run.step == config.max_steps
+        reporting = run.step % config.log_every == 0 or run.step == last_step
+        if not (evaluating or reporting):
+            continue  # nothing is read from the device between two reports
+        train_loss = mean_over_ranks(loss_sum / (run.step - reported), world.world_size)
+        if not math.isfinite(train_loss):
+            raise run.diverged("the training loss", train_loss)
+        seconds = time.perf_counter() - started  # the read waited for the device
+        trained = (run.step - reported) * config.batch_size * config.seq_len  # tokens
+        meter.update(train_loss=train_loss, seconds=meter["seconds"] + seconds,
+                     tokens=meter["tokens"] + trained)
+        metrics = {"loss.train": train_loss,
+                   "tokens_per_second": trained / max(seconds, 1e-9)}
+        progress.report(run.step, train_loss, metrics["tokens_per_second"],
+                        (run.step - first_step) / meter["seconds"])
+        if evaluating:  # this step's loss: a resumed run repeats it exactly
+            run.pending = {"step": run.step,
+                           "train_loss": mean_over_ranks(loss, world.world_size)}
+            metrics["loss.validation"] = finish_evaluation(run, tokens, world, progress,
+                                                           train_loss)
+        if not quiet:
+            tracker.save(run.step, metrics)
+        loss_sum.zero_()
+        reported, started = run.step, time.perf_counter()
+
+
+def finish_evaluation(run: Run, tokens: dict, world: Distributed,
+                      progress: Progress, train_loss: float) -> float:
+    """Make the evaluation `run.pending` names, record it, and save the checkpoint; a
+    run stopped meanwhile saves it as pending, and its resumption makes it."""
+    config = run.config
+    windows = 0 if run.step == config.max_steps else config.eval_windows  # 0: all
+    loss = evaluate(run.model, tokens["validation"],
+                    validation_length(config, run.model.config), max_windows=windows,
+                    rank=world.rank, world_size=world.world_size)
+    if not math.isfinite(loss):
+        raise run.diverged("the validation loss", loss)
+    run.history.append({"step": run.step, "train_loss": run.pending["train_loss"],
+                        "validation_loss": loss})
+    run.pending = None
+    run.save()
+    progress.evaluation(run.step, train_loss, loss)
+    return loss
 
 # %% ../notebooks/06_train.ipynb #59069514
 def train(model_config: dict | None = None, config: TrainConfig | None = None, *,
@@ -1080,8 +666,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     precision is what the forward pass ran in ("bfloat16" or "float16" autocast, or
     "float32"); tokens_per_second is the mean over this call's optimizer steps
     (evaluations excluded), for the whole job under torchrun; interrupted says whether
-    Ctrl-C or SIGTERM stopped the call, terminated whether it was SIGTERM (both save a
-    checkpoint first).
+    Ctrl-C, SIGTERM or SIGHUP stopped the call, terminated whether it was SIGTERM or
+    SIGHUP (all save a checkpoint first).
 
     `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None:
     DEMO_MODEL). A new run refuses to replace a checkpoint in `config.out_dir` unless
@@ -1090,7 +676,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     RESUMABLE fields); `session_steps` stops, with a checkpoint, after that many steps
     of this call. `quiet` turns off the progress display and labml; `live` forces the
     live progress line on or off (default: when stdout is a terminal). Started by
-    torchrun, every process trains a replica on its share of each batch (see above).
+    torchrun, every process trains a replica on its share of each batch.
 
     The run holds a lock on `config.out_dir` from start to end (`run_lock`): a second
     run there stops at once with RunInUse. A loss or weights that become nan or inf stop
@@ -1102,6 +688,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
         raise ValueError(f"session_steps must be >= 1, got {session_steps}")
     folder, is_main = Path(config.out_dir), Distributed.from_environment().is_main
     check_writable(folder, "out_dir", folder=True)
+    check_run_folders(config.corpus, labml=not quiet and is_main)
     # Rank 0 holds the folder for the whole job (under torchrun the other ranks
     # write nothing there).
     with sigterm_stops_like_ctrl_c(), (run_lock(folder / ".lock", "out_dir") if is_main
@@ -1115,225 +702,65 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
 def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: bool,
            overwrite: bool, session_steps: int | None, quiet: bool,
            live: bool | None) -> dict:
-    """`train` in a folder it holds: the checks that read files, then the loop."""
-    from labml import tracker
-
-    checkpoint_path = Path(config.out_dir) / "checkpoint.pt"
-    state = None
-    if resume:
-        state = load_checkpoint(checkpoint_path)
-        model_options, config = resumed_settings(state, model_config or {}, asked,
-                                                 checkpoint_path)
-    else:
-        check_new_run(checkpoint_path, overwrite)
-        model_options = DEMO_MODEL if model_config is None else model_config
-    distributed = Distributed.from_environment()
-    if config.batch_size % distributed.world_size:
-        raise ValueError(f"batch_size={config.batch_size} is not divisible by the "
-                         f"world size {distributed.world_size}: every process takes an "
-                         "equal share of each batch")
-    quiet = quiet or not distributed.is_main
-    device = select_device(config.device)
-    if distributed.world_size > 1 and device.type == "cuda":
-        device = torch.device("cuda", distributed.local_rank)
-        torch.cuda.set_device(device)
-    # the options' own checks, before any data
-    model_settings = ModelConfig(**{**model_options, "vocab_size": 1})
-    if config.aft_kernel == "triton" and model_settings.mixer.startswith("aft"):
-        from aftalibi.aft_triton import unavailable_reason
-
-        if (reason := unavailable_reason(device)) is not None:
-            raise ValueError(
-                f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
-    # a download is atomic, so ranks may race to it
-    corpus = load_corpus(config.corpus, seed=config.seed)
-    corpus.check_length(config.seq_len)
-    model_settings = ModelConfig(
-        **{**model_options, "vocab_size": len(corpus.tokenizer)})
-    eval_seq_len = validation_length(config, model_settings)
-    if config.eval_seq_len is None:  # the checkpoint stores the length the run used
-        config = replace(config, eval_seq_len=eval_seq_len)
-    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
-    for name, length in (("seq_len", config.seq_len), ("eval_seq_len", eval_seq_len)):
-        if (model_settings.max_positions is not None
-                and length > model_settings.max_positions):
-            raise ValueError(f"{name}={length} is longer than this model's "
-                             f"max_len={model_settings.max_positions}")
-    if model_settings.max_positions is not None and eval_seq_len > config.seq_len:
-        # Positions seq_len .. max_len - 1 of an absolute-position model never
-        # receive a gradient.
-        mixer = ("mha with learned positions" if model_settings.mixer == "mha"
-                 else model_settings.mixer)
-        raise ValueError(f"{mixer} has absolute positions and trains only the first "
-                         f"seq_len={config.seq_len}: validation windows of "
-                         f"eval_seq_len={eval_seq_len} would score positions it never "
-                         "trained; use eval_seq_len=0 (= seq_len) or a seq_len of at "
-                         f"least {eval_seq_len}")
-    check_attention_memory(model_settings, config, device, distributed.world_size)
-    if state is not None:
-        model, tokenizer = model_from_checkpoint(state)
-        if tokenizer != corpus.tokenizer:
-            raise CheckpointError(f"{checkpoint_path} was trained on a vocabulary of "
-                                  f"{len(tokenizer)} characters, the corpus "
-                                  f"{config.corpus!r} has {len(corpus.tokenizer)}")
-    else:
-        torch.manual_seed(config.seed)
-        model = LanguageModel(model_settings)
-    model.to(device)
-    optimizer = make_optimizer(model, config)
-    precision = training_precision(config.precision, device)
-    autocast, scaler = mixed_precision(device, precision)
-    # draws the windows where they are used
-    batches = torch.Generator(device=device).manual_seed(config.seed)
-    step, history, run_uuid = 0, [], uuid.uuid4().hex
-    if state is not None:
-        peaks = [group["peak_lr"] for group in optimizer.param_groups]
-        optimizer.load_state_dict(state["optimizer"])
-        # the peaks are this run's config
-        for group, peak in zip(optimizer.param_groups, peaks):
-            group["peak_lr"] = peak
-        if state.get("batch_generator_device", "cpu") == device.type:
-            batches.set_state(state["batch_generator"])
-        else:
-            # another kind of device has another generator: a fresh stream,
-            # seeded by the step
-            batches.manual_seed(config.seed + state["step"])
-        if scaler.is_enabled() and state.get("grad_scaler"):
-            scaler.load_state_dict(state["grad_scaler"])
-        step, history = state["step"], state["history"]
-    # The whole corpus lives on the device, one byte per character: batches never
-    # cross the bus.
-    train_tokens = compact_tokens(corpus.tokens("train"), len(corpus.tokenizer), device)
-    validation_tokens = compact_tokens(corpus.tokens("validation"),
-                                       len(corpus.tokenizer), device)
-    # this rank's rows of each batch
-    shard = slice(distributed.rank, None, distributed.world_size)
-
-    # of the checkpoint on disk, when this call began
-    saved_step = None if state is None else state["step"]
-
-    def checkpoint() -> None:
-        nonlocal saved_step
-        finite = (torch.stack([torch.isfinite(parameter).all()
-                               for parameter in model.parameters()]).all())
-        if not finite.item():  # one read from the device per checkpoint
-            raise TrainingDiverged(diverged("the model's weights", "nan or inf", step))
-        if distributed.is_main:  # the replicas are identical: one writer
-            save_checkpoint(checkpoint_path, {
-                "model_config": asdict(model.config), "train_config": asdict(config),
-                "tokenizer": corpus.tokenizer.state_dict(), "model": model.state_dict(),
-                "optimizer": optimizer.state_dict(), "grad_scaler": scaler.state_dict(),
-                "step": step, "batch_generator": batches.get_state(),
-                "batch_generator_device": device.type, "history": history,
-                "labml_run": run_uuid})
-        saved_step = step
-
-    def diverged(what: str, value, at: int) -> str:
-        kept = ("no checkpoint was written" if saved_step is None
-                else f"{checkpoint_path} still holds step {saved_step}, untouched")
-        return (f"{what} became {value} by step {at}: the run stopped, and {kept}; "
-                "lower the learning rate (--learning-rate, --muon-learning-rate) or "
-                "keep gradient clipping on (--grad-clip)")
-
-    model.train()
+    """`train` in a folder it holds: the checks and the run, then the loop."""
+    run, tokens, device = start_run(model_config, config, asked, resume, overwrite)
+    config, world = run.config, Distributed.from_environment()
+    quiet = quiet or not world.is_main
     progress = Progress(config.max_steps, live=live, enabled=not quiet)
-    # labml keeps one record per call: a resumed run's names the record it continues,
-    # and its first step.
-    continues = "" if state is None else state.get("labml_run", "")
-    configs = {**{f"model.{k}": v for k, v in asdict(model.config).items()},
-               **asdict(config), "continues_run": continues, "start_step": step}
-    tokens_per_step = config.batch_size * config.seq_len
+    # labml keeps one record per call: a resumed run's names the record it continues.
+    configs = {**{f"model.{k}": v for k, v in asdict(run.model.config).items()},
+               **asdict(config), "continues_run": run.continues, "start_step": run.step}
     last_step = (config.max_steps if session_steps is None
-                 else min(config.max_steps, step + session_steps))
-    first_step, reported_step, interrupted, terminated = step, step, False, False
-    train_loss, trained_tokens, training_seconds = float("nan"), 0, 0.0
-    # the training losses since the last report, summed where they are
-    loss_sum = torch.zeros((), device=device)
+                 else min(config.max_steps, run.step + session_steps))
+    meter, stop = {"train_loss": float("nan"), "tokens": 0, "seconds": 0.0}, None
     implementation = (contextlib.nullcontext() if config.aft_kernel == "auto"
                       else aft_kernel(config.aft_kernel))
-    with (process_group(distributed, device),
-          labml_run(Path(config.out_dir), run_uuid, configs, enabled=not quiet),
-          implementation):
-        replicated = model
-        # all-reduces the gradients during backward (the identity above)
-        if distributed.world_size > 1:
+    with (process_group(world, device), implementation,
+          labml_run(Path(config.out_dir), run.labml_run, configs, enabled=not quiet)):
+        replicated = run.model  # DDP all-reduces the gradients during backward
+        if world.world_size > 1:
             replicated = DistributedDataParallel(
-                model, device_ids=[device.index] if device.type == "cuda" else None)
+                run.model, device_ids=[device.index] if device.type == "cuda" else None)
         forward = torch.compile(replicated) if config.compile else replicated
         try:
-            report_started = time.perf_counter()
-            while step < last_step:
-                for group in optimizer.param_groups:
-                    group["lr"] = group["peak_lr"] * learning_rate_factor(step, config)
-                # [B, T], same on every rank
-                inputs, targets = sample_windows(train_tokens, config.batch_size,
-                                                 config.seq_len, batches)
-                with autocast:
-                    _, loss = forward(inputs[shard], targets[shard])
-                optimizer_step(loss, model, optimizer, scaler, config.grad_clip)
-                step += 1
-                loss_sum += loss.detach()
-                evaluating = step % config.eval_every == 0 or step == config.max_steps
-                if not (evaluating or step % config.log_every == 0
-                        or step == last_step):
-                    continue  # nothing is read from the device between two reports
-                train_loss = mean_over_ranks(loss_sum / (step - reported_step),
-                                             distributed.world_size)
-                if not math.isfinite(train_loss):
-                    raise TrainingDiverged(
-                        diverged("the training loss", train_loss, step))
-                # reading the loss waited for the device's queue
-                seconds = time.perf_counter() - report_started
-                trained_tokens += (step - reported_step) * tokens_per_step
-                training_seconds += seconds
-                metrics = {
-                    "loss.train": train_loss,
-                    "tokens_per_second":
-                        (step - reported_step) * tokens_per_step / max(seconds, 1e-9)}
-                progress.report(step, train_loss, metrics["tokens_per_second"],
-                                (step - first_step) / training_seconds)
-                if evaluating:
-                    # the run's figure: every window
-                    windows = 0 if step == config.max_steps else config.eval_windows
-                    metrics["loss.validation"] = evaluate(
-                        model, validation_tokens, eval_seq_len, max_windows=windows,
-                        rank=distributed.rank, world_size=distributed.world_size)
-                    if not math.isfinite(metrics["loss.validation"]):
-                        raise TrainingDiverged(diverged(
-                            "the validation loss", metrics["loss.validation"], step))
-                    # this step's: a resumed run repeats it exactly
-                    step_loss = mean_over_ranks(loss, distributed.world_size)
-                    history.append({"step": step, "train_loss": step_loss,
-                                    "validation_loss": metrics["loss.validation"]})
-                    checkpoint()
-                    progress.evaluation(step, train_loss, metrics["loss.validation"])
-                if not quiet:
-                    tracker.save(step, metrics)
-                loss_sum.zero_()
-                reported_step, report_started = step, time.perf_counter()
-            if step < config.max_steps and step % config.eval_every:
-                checkpoint()  # stopped by session_steps between two evaluations
-            if distributed.world_size > 1:
-                # no rank leaves before rank 0's checkpoint is written
+            if run.pending is not None:  # stopped during this evaluation: make it
+                finish_evaluation(run, tokens, world, progress,
+                                  run.pending["train_loss"])
+            train_steps(run, forward, tokens, last_step, progress, world, quiet, meter)
+            if run.step < config.max_steps and run.step % config.eval_every:
+                run.save()  # stopped by session_steps between two evaluations
+            if world.world_size > 1:  # no rank leaves before rank 0's checkpoint
                 torch.distributed.barrier()
-        except KeyboardInterrupt as stop:
-            interrupted, terminated = True, isinstance(stop, Terminated)
-            checkpoint()
-            progress.close()
-            if distributed.is_main:
-                stopped = "stopped by SIGTERM" if terminated else "interrupted"
-                print(f"{stopped} at step {step}: checkpoint saved to "
-                      f"{checkpoint_path}; continue with --resume", flush=True)
+        except KeyboardInterrupt as stopped:
+            stop = stopped
+            save_on_stop(run, stopped, progress)
         finally:
             progress.close()
-            # Drop DDP while the process group is still registered. Otherwise DDP's
-            # reducer holds the group's last reference, and destroying gloo's group with
-            # the GIL held can deadlock with gloo's worker thread
-            # (pytorch/pytorch#56297): one rank in about 30 hung at exit.
+            # Drop DDP while the process group is still registered: destroying gloo's
+            # group with DDP's reducer alive can deadlock (pytorch/pytorch#56297).
             del forward, replicated
-    last = history[-1] if history else {"step": None, "validation_loss": float("nan")}
-    return {"step": step, "train_loss": train_loss,
+    last = run.history[-1] if run.history else {"step": None,
+                                                "validation_loss": float("nan")}
+    return {"step": run.step, "train_loss": meter["train_loss"],
             "validation_loss": last["validation_loss"], "validation_step": last["step"],
-            "tokens_per_second": trained_tokens / max(training_seconds, 1e-9),
-            "precision": precision, "checkpoint": str(checkpoint_path),
-            "history": history, "interrupted": interrupted, "terminated": terminated}
+            "tokens_per_second": meter["tokens"] / max(meter["seconds"], 1e-9),
+            "precision": run.precision, "checkpoint": str(run.path),
+            "history": run.history, "interrupted": stop is not None,
+            "terminated": isinstance(stop, Terminated)}
+
+
+def save_on_stop(run: Run, stop: KeyboardInterrupt, progress: Progress) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP: save and say where; a signal that comes during the
+    save waits for it and is reported after it."""
+    with signals_held(deliver=False) as more:
+        run.save()
+        progress.close()
+        if run.is_main:
+            stopped = (f"stopped by {stop.name}" if isinstance(stop, Terminated)
+                       else "interrupted")
+            print(f"{stopped} at step {run.step}: checkpoint saved to {run.path}; "
+                  "continue with --resume", flush=True)
+    if more and run.is_main:
+        names = ", ".join(dict.fromkeys(signal.Signals(n).name for n in more))
+        print(f"({names} during the save: held until the checkpoint was written)",
+              flush=True)

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.multiprocessing
 
+import aftalibi.runs as runs
 import aftalibi.train as training
 from aftalibi.__main__ import main
 from aftalibi.train import TrainConfig, load_checkpoint, train
@@ -46,7 +47,7 @@ def replica(rank: int, world_size: int, port: int, config: TrainConfig, resume: 
         models.append(build(*args, **kwargs))
         return models[-1]
 
-    training.LanguageModel = keep
+    training.LanguageModel = runs.LanguageModel = keep  # a new run's model, and a resumed one's
     result = train(TINY_MODEL, config, resume=resume, session_steps=3 if not resume else None, quiet=True)
     replicas = [model for model in models if next(model.parameters()).device.type != "meta"]  # not load_checkpoint's
     torch.save({"result": result, "parameters": replicas[0].state_dict()}, results / f"rank{rank}.pt")  # shape check

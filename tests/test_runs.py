@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import aftalibi.aft_triton as aft_triton
+import aftalibi.runs as runs
 import aftalibi.train as training
 from aftalibi.__main__ import main
 from aftalibi.extrapolate import ExtrapolationConfig, load_results, run_experiment
@@ -326,7 +327,7 @@ def test_a_batch_too_large_for_an_aft_mixer_is_one_line_and_leaves_nothing(corpu
 
 
 def test_memory_is_checked_for_mha_on_cuda_and_aft_full_holds_its_pairwise_biases(monkeypatch):
-    monkeypatch.setattr(training, "device_memory", lambda device: 80 * 2 ** 30)
+    monkeypatch.setattr(runs, "device_memory", lambda device: 80 * 2 ** 30)
     cuda = torch.device("cuda")
     with pytest.raises(ValueError, match="too large for mha on cuda: the activations backward keeps need at least"):
         check_attention_memory(ModelConfig(vocab_size=80, mixer="mha"), TrainConfig(batch_size=1_000_000), cuda)
@@ -391,7 +392,7 @@ def test_a_malformed_checkpoint_is_refused_naming_what_is_wrong(tmp_path, change
 
 def test_a_config_asking_for_more_memory_than_the_machine_has_is_refused(tmp_path, monkeypatch):
     tiny_checkpoint(tmp_path / "model.pt")
-    monkeypatch.setattr(training, "device_memory", lambda device: 1000)  # bytes: fewer than the model's weights
+    monkeypatch.setattr(runs, "device_memory", lambda device: 1000)  # bytes: fewer than the model's weights
     with pytest.raises(CheckpointError, match="model_config asks for 0 GiB of weights and tables, more than"):
         load_checkpoint(tmp_path / "model.pt")
 

@@ -258,7 +258,7 @@ def test_batches_drawn_on_the_device_are_the_data_modules_windows():
 def test_resumed_settings_are_the_saved_runs():
     saved = TrainConfig(max_steps=400, out_dir="runs/a")
     state = {"model_config": {"vocab_size": 5, "mixer": "alibi", "d_model": 32}, "train_config": vars(saved),
-             "optimizer": {}}
+             "optimizer": {"state": {}, "param_groups": []}, "step": 0, "history": []}
     model, config = resumed_settings(state, {}, {"eval_every": 10, "device": "cpu"}, Path("runs/a/checkpoint.pt"))
     assert model == {"mixer": "alibi", "d_model": 32} and config.max_steps == 400
     assert config.eval_every == 10 and config.device == "cpu"  # RESUMABLE: this call's
