@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 import aftalibi
-from aftalibi.train import (
+from aftalibi.runs import (
     check_writable,
     load_checkpoint,
     remove_stale_temporaries,

@@ -21,10 +21,10 @@ from .experiment_files import (
     load_saved_model, open_results, option, require, results_files_held, run_record,
     save_model, save_results, saved_model_path)
 from .model import LanguageModel, ModelConfig
+from .runs import TrainingDiverged, model_from_checkpoint
 from .train import (
-    TrainConfig, TrainingDiverged, learning_rate_factor, make_optimizer,
-    mixed_precision, model_from_checkpoint, optimizer_step, select_device,
-    training_precision)
+    TrainConfig, learning_rate_factor, make_optimizer, mixed_precision, optimizer_step,
+    select_device, training_precision)
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses', 'evaluation_segments',
