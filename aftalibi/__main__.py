@@ -169,7 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         "generate", help="sample text from a trained checkpoint",
         description="Continue a prompt with a trained model. Any length can be generated: models with absolute "
                     "positions (aft-full, aft-local, mha with learned positions) read the last max_len characters, or "
-                    "the last seq_len when they were trained on shorter windows (later positions were never trained).")
+                    "the last seq_len when they were trained on shorter windows (later positions were never trained); "
+                    "ALiBi reads the last 40 / (its smallest slope) characters, past which its weights vanish in "
+                    "float32, so that every character costs the same. The text is printed as it comes; Ctrl-C stops "
+                    "and keeps it.")
     generate_parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint.pt written by train")
     generate_parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
     generate_parser.add_argument("--max-new-tokens", type=whole_number, default=500,
@@ -261,11 +264,10 @@ def os_error_in(error: BaseException) -> OSError | None:
     return error
 
 
-def describe_os_error(error: OSError, path: Path | None = None) -> str:
+def describe_os_error(error: OSError) -> str:
     """One line: the file and what the system said about it, e.g. "out.pt: No space left on device"."""
-    where = error.filename if error.filename is not None else path
     cause = error.strerror or str(error) or type(error).__name__
-    return f"{where}: {cause}" if where is not None else cause
+    return f"{error.filename}: {cause}" if error.filename is not None else cause
 
 
 def check_timeout(timeout: int | None) -> None:

@@ -263,24 +263,27 @@ class SlidingKVCache(KVCache):
         if self.buffers is None or self.end + new > self.buffers[0].shape[-2]:
             kept = self.end if self.window is None else min(self.end, self.window)
             size = max(2 * (kept + new), 64)
-            buffers = [x.new_empty(*x.shape[:-2], size, x.shape[-1])  # [B, H, size, d_h]
+            # [B, H, size, d_h]
+            buffers = [x.new_empty(*x.shape[:-2], size, x.shape[-1])
                        for x in (keys, values)]
-            for buffer, old in zip(buffers, self.buffers or ()):  # the last `kept`, first
+            # the last `kept` positions move to the front
+            for buffer, old in zip(buffers, self.buffers or ()):
                 buffer[..., :kept, :] = old[..., self.end - kept:self.end, :]
             self.buffers, self.end = buffers, kept
         for buffer, x in zip(self.buffers, (keys, values)):
             buffer[..., self.end:self.end + new, :] = x
         self.end += new
         start = 0 if self.window is None else max(0, self.end - self.window)
-        self.keys, self.values = (buffer[..., start:self.end, :] for buffer in self.buffers)
+        self.keys, self.values = (buffer[..., start:self.end, :]
+                                  for buffer in self.buffers)
         return self.keys, self.values
 
 
 def decoding_window(config: ModelConfig) -> int | None:
-    """The positions an ALiBi model's decoding reads: 40 / m_min. A key that far back has
-    its score lowered by at least 40 nats in every head (e^-40 < 1e-17, below float32's
-    resolution next to a key of the same q.k), so dropping it changes nothing a float32
-    model computes. None for the other mixers."""
+    """The positions an ALiBi model's decoding reads: 40 / m_min. A key that far back
+    has its score lowered by at least 40 nats in every head (e^-40 < 1e-17, below
+    float32's resolution next to a key of the same q.k), so dropping it changes nothing
+    a float32 model computes. None for the other mixers."""
     if config.mixer != "alibi":
         return None
     return math.ceil(40 / get_slopes(config.n_heads).min().item())
@@ -291,8 +294,9 @@ def generate_tokens(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *
                     generator: torch.Generator | None = None, use_cache: bool = True,
                     context_len: int | None = None,
                     window: int | None = None) -> Iterator[Tensor]:
-    """The tokens `generate` samples, yielded one at a time (`[B, 1]`) as soon as each is
-    drawn: a caller can show them as they come, and stop (Ctrl-C) keeping those it has.
+    """The tokens `generate` samples, yielded one at a time (`[B, 1]`) as soon as each
+    is drawn: a caller can show them as they come, and stop (Ctrl-C) keeping those it
+    has.
 
     The arguments are checked at the call, before the first token. `window` (ALiBi, and
     mha without position encoding: the mixers that read no absolute position) lets each
@@ -385,7 +389,8 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
     the cropped context. `context_len` crops any model's context; `window` is
     `generate_tokens`'s. The tokens are gathered once at the end, never copied per step.
     """
-    tokens = list(generate_tokens(model, prompt, max_new_tokens, temperature=temperature,
+    tokens = list(generate_tokens(model, prompt, max_new_tokens,
+                                  temperature=temperature,
                                   top_k=top_k, generator=generator, use_cache=use_cache,
                                   context_len=context_len, window=window))
     return torch.cat([prompt, *tokens], dim=1)
