@@ -217,8 +217,8 @@ def main() -> None:
                 result = trial(Path(work) / f"run{number}", large, case, kill_after, args.eval_every, aimed_step)
                 moment = f"{1000 * kill_after:.0f} ms after the line of step {aimed_step}"
             else:
-                # the second Ctrl-C 2 to 30 ms after the first: while the first one's checkpoint is being saved
-                kill_after, gap = chance.uniform(args.earliest, args.latest), chance.uniform(0.002, 0.030)
+                # the second Ctrl-C 1 to 10 ms after the first: while the first one's checkpoint is being saved
+                kill_after, gap = chance.uniform(args.earliest, args.latest), chance.uniform(0.001, 0.010)
                 result = trial(Path(work) / f"run{number}", corpus, case, kill_after, args.eval_every, gap=gap)
                 moment = f"{kill_after:.1f} s after the first step"
                 if case == "double SIGINT":
