@@ -5,7 +5,7 @@ every step as it finishes) and stops it in one of four ways (`--cases`):
 
 - SIGTERM or SIGKILL a random time after its first step (during a step, an evaluation or the
   writing of a checkpoint);
-- a double SIGINT: two Ctrl-Cs 1 ms apart at a random moment, the second landing while the first
+- a double SIGINT: two Ctrl-Cs 1 to 10 ms apart at a random moment, the second landing while the first
   one's checkpoint is being saved;
 - SIGTERM during an evaluation: aimed by watching the output for the progress line of an
   evaluation's step (the evaluation starts right after it), on a corpus and a number of
