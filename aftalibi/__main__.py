@@ -62,6 +62,24 @@ def torch_device(name: str) -> str:
     return name
 
 
+def whole_number(text: str) -> int:
+    """argparse type of a count that may be written as 1000 or 1e3."""
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not (math.isfinite(value) and value == int(value)):
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        return int(value)
+
+
+# The seeds torch.manual_seed accepts.
+SEEDS = (-2 ** 63, 2 ** 64 - 1)
+
+
 # The tag of a cell whose stored output is the full-size run a reader should see (a training curve, a
 # sample, a sweep): `refresh-notebooks` in fast mode keeps that output, `refresh-notebooks --full` replaces
 # it. Such a cell carries nbval-ignore-output too, since the test suite runs the fast mode.
@@ -97,6 +115,10 @@ def run_notebooks(notebooks: list[Path], out_dir: Path | None, fast: bool, timeo
         written.append(target)
     return written
 
+
+# The most characters one `generate` call writes: about an hour at its speed on one CPU core (a typo such as
+# 1e9 is refused, not left to run for weeks).
+MAX_NEW_TOKENS = 1_000_000
 
 # Options a resumed run may be given (RESUMABLE, plus those of this call only): the rest are the saved run's.
 RESUME_OPTIONS = ("--session-steps, --sample, --threads, --eval-every, --log-every, --device, --precision, --compile "
@@ -147,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         "generate", help="sample text from a trained checkpoint",
         description="Continue a prompt with a trained model. Any length can be generated: models with absolute "
                     "positions (aft-full, aft-local, mha with learned positions) read the last max_len characters, or "
-                    "the last seq_len when they were trained on shorter windows (later positions were never trained).")
+                    "the last seq_len when they were trained on shorter windows (later positions were never trained); "
+                    "ALiBi reads the last 40 / (its smallest slope) characters, past which its weights vanish in "
+                    "float32, so that every character costs the same. The text is printed as it comes; Ctrl-C stops "
+                    "and keeps it.")
     generate_parser.add_argument("--checkpoint", type=Path, required=True, help="a checkpoint.pt written by train")
     generate_parser.add_argument("--prompt", default="\n", help="text to continue (default: a newline)")
-    generate_parser.add_argument("--max-new-tokens", type=int, default=500,
-                                 help="characters to generate, any number >= 0 (default: 500)")
+    generate_parser.add_argument("--max-new-tokens", type=whole_number, default=500,
+                                 help=f"characters to generate, 0 to {MAX_NEW_TOKENS:,}; they are printed as they "
+                                      "come, and Ctrl-C stops and keeps them (default: 500)")
     generate_parser.add_argument("--temperature", type=float, default=0.8, help="softmax temperature; 0 is greedy (default: 0.8)")
     generate_parser.add_argument("--top-k", type=int, default=None, help="sample among the k most likely characters only")
     generate_parser.add_argument("--seed", type=int, default=0, help="seed of the sampling (default: 0)")
@@ -200,12 +226,18 @@ def main(argv: list[str] | None = None) -> int:
             found = sorted(args.notebooks.glob("[0-9]*.ipynb"))
             if not found:
                 parser.error(f"no notebooks named NN_*.ipynb in {args.notebooks}")
+            check_timeout(args.timeout)
+            check_output_folder(args.out, "--out")  # before any notebook runs
             written = run_notebooks(found, args.out, fast=not args.full, timeout=args.timeout)
             print(f"executed {len(written)} notebooks; open the copies in {args.out.resolve()}")
         elif args.command == "refresh-notebooks":
             missing = [str(path) for path in args.notebooks if not path.is_file()]
             if missing:
                 raise ValueError(f"notebook not found: {', '.join(missing)}")
+            check_timeout(args.timeout)
+            others = [str(path) for path in args.notebooks if path.suffix != ".ipynb"]
+            if others:
+                raise ValueError(f"not a notebook (.ipynb): {', '.join(others)}")
             run_notebooks(args.notebooks, None, fast=not args.full,
                           timeout=args.timeout or (3600 if args.full else 600))
     except (CorpusError, CheckpointError, RunInUse, ValueError, TrainingDiverged) as error:
@@ -215,7 +247,47 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aftalibi {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}",
               file=sys.stderr)
         return exit_code(stop)
+    except (OSError, RuntimeError) as error:  # a file that could not be read or written: its path and the cause
+        cause = os_error_in(error)
+        if cause is None:
+            raise
+        print(f"aftalibi {args.command}: error: {describe_os_error(cause)}", file=sys.stderr)
+        return 1
     return 0
+
+
+def os_error_in(error: BaseException) -> OSError | None:
+    """The OSError that `error` is or was raised from. torch's checkpoint writer turns a failed write (ENOSPC:
+    the disk is full) into a RuntimeError ("unexpected pos") raised while handling the OSError."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__cause__ or error.__context__
+    return error
+
+
+def describe_os_error(error: OSError) -> str:
+    """One line: the file and what the system said about it, e.g. "out.pt: No space left on device"."""
+    cause = error.strerror or str(error) or type(error).__name__
+    return f"{error.filename}: {cause}" if error.filename is not None else cause
+
+
+def check_timeout(timeout: int | None) -> None:
+    if timeout is not None and timeout < 1:
+        raise ValueError(f"--timeout must be >= 1 second, got {timeout}")
+
+
+def check_output_folder(folder: Path, option: str) -> None:
+    """Refuse a folder that cannot be written before any work, and create it: a path under a file, a folder
+    this process may not write in, a read-only file system."""
+    from aftalibi.train import check_writable
+
+    check_writable(folder, option, folder=True)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        probe = folder / f".{os.getpid()}.probe"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise ValueError(f"{option} {folder} cannot be written: {describe_os_error(error)}") from None
 
 
 def exit_code(stop: KeyboardInterrupt) -> int:
@@ -284,24 +356,51 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
 def generate_command(args) -> int:
     import torch
 
-    from aftalibi.model import generate
+    from aftalibi.model import decoding_window, generate_tokens
     from aftalibi.train import load_checkpoint, model_from_checkpoint, trained_context
 
-    if args.max_new_tokens < 0:
-        raise ValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    if not 0 <= args.max_new_tokens <= MAX_NEW_TOKENS:
+        raise ValueError(f"--max-new-tokens must be in [0, {MAX_NEW_TOKENS}], got {args.max_new_tokens}")
     if not (math.isfinite(args.temperature) and args.temperature >= 0):
         raise ValueError(f"--temperature must be a finite number >= 0, got {args.temperature}")
     if args.top_k is not None and args.top_k < 1:
         raise ValueError(f"--top-k must be >= 1, got {args.top_k}")
     if not args.prompt:
         raise ValueError("--prompt must hold at least one character")
+    if not SEEDS[0] <= args.seed <= SEEDS[1]:
+        raise ValueError(f"--seed must be in [-2**63, 2**64 - 1], got {args.seed}")
     state = load_checkpoint(args.checkpoint)
     model, tokenizer = model_from_checkpoint(state)
     prompt = tokenizer.encode(args.prompt)[None]
     # A model with absolute positions reads at most its training length: the positions past it were never trained.
-    ids = generate(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   generator=torch.Generator().manual_seed(args.seed), context_len=trained_context(state))
-    print(tokenizer.decode(ids[0]))
+    # ALiBi reads the positions whose weights float32 can tell from 0, so every character costs the same.
+    tokens = generate_tokens(model, prompt, args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                             generator=torch.Generator().manual_seed(args.seed), context_len=trained_context(state),
+                             window=decoding_window(model.config))
+    return stream_text(args.prompt, (tokenizer.decode(token[0]) for token in tokens))
+
+
+def stream_text(prompt: str, pieces) -> int:
+    """Print `prompt`, then each piece of text as it comes (flushed, so a reader sees it at once), then a newline.
+    Ctrl-C stops it, ends the line and keeps what was printed (exit status 130); a reader that went away (a pipe
+    into `head`) ends it quietly (141, as for SIGPIPE)."""
+    written = 0
+    try:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        for piece in pieces:
+            sys.stdout.write(piece)
+            sys.stdout.flush()
+            written += 1
+    except KeyboardInterrupt:
+        print(flush=True)
+        print(f"aftalibi generate: interrupted after {written} characters; they are above", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # Python flushes stdout once more at exit: point it at /dev/null so that no second error is printed.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    print(flush=True)
     return 0
 
 
@@ -317,7 +416,13 @@ def strip_command(args) -> int:
         raise ValueError("the output would replace the checkpoint it is made from: choose another file")
     stripped = model_only(load_checkpoint(args.checkpoint), getattr(torch, args.dtype))
     model_from_checkpoint(stripped)  # a file that would not load is never written
-    save_checkpoint(args.out, stripped)
+    try:
+        save_checkpoint(args.out, stripped)
+    except (OSError, RuntimeError) as error:  # e.g. a full disk: the checkpoint and any previous --out are intact
+        cause = os_error_in(error)
+        if cause is None:
+            raise
+        raise OSError(cause.errno, f"cannot be written ({cause.strerror or cause})", str(args.out)) from None
     print(f"wrote {args.out}: the model of {args.checkpoint} at step {stripped['step']}, weights in {args.dtype} "
           f"({args.out.stat().st_size / 2 ** 20:.1f} MiB, from {args.checkpoint.stat().st_size / 2 ** 20:.1f} MiB)")
     return 0
@@ -366,7 +471,12 @@ def extrapolate_command(args, argv: list[str]) -> int:
     from aftalibi.train import check_writable
 
     config = ExtrapolationConfig(**options_of(ExtrapolationConfig, args))
+    for name in ("seeds", "sweep_seeds"):
+        for seed in getattr(args, name):
+            if not 0 <= seed < 2 ** 63:
+                raise ValueError(f"--{name.replace('_', '-')} must be in [0, 2**63 - 1], got {seed}")
     check_writable(args.out, "--out", folder=False)
+    check_output_folder(args.out.parent, "--out")  # the results file and its lock go there
     if args.save_models is not None:
         check_writable(args.save_models, "--save-models", folder=True)
     if args.threads is not None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -12,13 +13,14 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .aft import AFTConv, AFTFull, AFTLocal, AFTSimple
-from .alibi import AlibiMultiHeadAttention
+from .alibi import AlibiMultiHeadAttention, get_slopes
 from .attention import (KVCache, LearnedPositionEncoding, MultiHeadAttention,
                                 SinusoidalPositionEncoding, check_attention_mask,
                                 check_tensor)
 
 # %% auto #0
-__all__ = ['POSITIONS', 'MIXERS', 'ModelConfig', 'RecurrentCache', 'AFTMixer', 'Block', 'LanguageModel', 'generate']
+__all__ = ['POSITIONS', 'MIXERS', 'ModelConfig', 'RecurrentCache', 'AFTMixer', 'Block', 'LanguageModel', 'SlidingKVCache',
+           'decoding_window', 'generate_tokens', 'generate']
 
 # %% ../notebooks/04_model.ipynb #2e1f2aaa
 POSITIONS = ("sinusoidal", "sinusoidal-paper", "learned", "rotary", "none")
@@ -239,27 +241,69 @@ class LanguageModel(nn.Module):
             loss = F.cross_entropy(logits.flatten(0, 1).float(), targets.flatten())
         return logits, loss
 
-    def new_caches(self) -> list:
-        """One empty decoding cache per block."""
-        return [RecurrentCache() if isinstance(block.mixer, AFTMixer) else KVCache()
-                for block in self.blocks]
+    def new_caches(self, window: int | None = None) -> list:
+        """One empty decoding cache per block (`window`: see `SlidingKVCache`)."""
+        return [RecurrentCache() if isinstance(block.mixer, AFTMixer)
+                else SlidingKVCache(window) for block in self.blocks]
 
 # %% ../notebooks/04_model.ipynb #0e65dad5
-@torch.no_grad()
-def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
-             temperature: float = 1.0, top_k: int | None = None,
-             generator: torch.Generator | None = None, use_cache: bool = True,
-             context_len: int | None = None) -> Tensor:
-    """Continue `prompt` (`[B, T]` ids) by `max_new_tokens` sampled tokens; returns
-    `[B, T + max_new_tokens]`.
+class SlidingKVCache(KVCache):
+    """A `KVCache` whose keys and values live in a buffer that grows by doubling, so a
+    decoding step writes its position in place instead of copying the whole past
+    (`torch.cat` of the `[B, H, T_past, d_h]` keys at every step made decoding
+    quadratic in the length). With `window`, attention reads only the last `window`
+    positions, the buffer holds at most about twice that, and a step costs the same at
+    any length."""
 
-    temperature = 0 picks the most likely token (greedy decoding). Any length can be
-    generated: a model with absolute positions (aft-full, aft-local, mha with learned
-    positions) reads only the last `max_len` tokens, as nanoGPT does, or the last
-    `context_len` when that is given (the training length of a model trained on windows
-    shorter than `max_len`, whose later positions were never trained); it decodes with
-    its cache until the cache holds that many positions, then recomputes each token from
-    the cropped context. `context_len` crops any model's context.
+    def __init__(self, window: int | None = None):
+        self.window, self.buffers, self.end = window, None, 0
+
+    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+        new = keys.shape[-2]
+        if self.buffers is None or self.end + new > self.buffers[0].shape[-2]:
+            kept = self.end if self.window is None else min(self.end, self.window)
+            size = max(2 * (kept + new), 64)
+            # [B, H, size, d_h]
+            buffers = [x.new_empty(*x.shape[:-2], size, x.shape[-1])
+                       for x in (keys, values)]
+            # the last `kept` positions move to the front
+            for buffer, old in zip(buffers, self.buffers or ()):
+                buffer[..., :kept, :] = old[..., self.end - kept:self.end, :]
+            self.buffers, self.end = buffers, kept
+        for buffer, x in zip(self.buffers, (keys, values)):
+            buffer[..., self.end:self.end + new, :] = x
+        self.end += new
+        start = 0 if self.window is None else max(0, self.end - self.window)
+        self.keys, self.values = (buffer[..., start:self.end, :]
+                                  for buffer in self.buffers)
+        return self.keys, self.values
+
+
+def decoding_window(config: ModelConfig) -> int | None:
+    """The positions an ALiBi model's decoding reads: 40 / m_min. A key that far back
+    has its score lowered by at least 40 nats in every head (e^-40 < 1e-17, below
+    float32's resolution next to a key of the same q.k), so dropping it changes nothing
+    a float32 model computes. None for the other mixers."""
+    if config.mixer != "alibi":
+        return None
+    return math.ceil(40 / get_slopes(config.n_heads).min().item())
+
+
+def generate_tokens(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
+                    temperature: float = 1.0, top_k: int | None = None,
+                    generator: torch.Generator | None = None, use_cache: bool = True,
+                    context_len: int | None = None,
+                    window: int | None = None) -> Iterator[Tensor]:
+    """The tokens `generate` samples, yielded one at a time (`[B, 1]`) as soon as each
+    is drawn: a caller can show them as they come, and stop (Ctrl-C) keeping those it
+    has.
+
+    The arguments are checked at the call, before the first token. `window` (ALiBi, and
+    mha without position encoding: the mixers that read no absolute position) lets each
+    attention layer read only its last `window` positions, so that a step's cost stops
+    growing with the length; `decoding_window` gives a window past which ALiBi's
+    weights vanish in float32. A prompt longer than `window` is cut to its last
+    `window` tokens.
     """
     check_tensor("prompt", prompt, (None, None), "[B, T]", floating=False)
     if prompt.shape[1] < 1:
@@ -273,33 +317,80 @@ def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
             f"top_k must be in [1, vocab_size={model.config.vocab_size}], got {top_k}")
     if context_len is not None and context_len < 1:
         raise ValueError(f"context_len must be >= 1, got {context_len}")
+    if window is not None:
+        config = model.config
+        if not (config.mixer == "alibi"
+                or (config.mixer == "mha" and config.position == "none")):
+            raise ValueError("window applies to the mixers that read no absolute "
+                             "position (alibi, mha with position='none'), not "
+                             f"{config.mixer} with position={config.position!r}")
+        if window < 1 or context_len is not None or not use_cache:
+            raise ValueError(f"window must be >= 1 and given without context_len, on "
+                             f"the cache, got window={window}")
+        prompt = prompt[:, -window:]
     limits = [limit for limit in (model.config.max_positions, context_len)
               if limit is not None]
     limit = min(limits, default=None)  # None: no limit on the context
+    return _sampled_tokens(model, prompt, max_new_tokens, temperature, top_k, generator,
+                           use_cache, limit, window)
+
+
+@torch.no_grad()
+def _sampled_tokens(model, prompt, max_new_tokens, temperature, top_k, generator,
+                    use_cache, limit, window) -> Iterator[Tensor]:
     was_training = model.training
     model.eval()
-    caches = model.new_caches() if use_cache else None
-    sequence, step_input = prompt, prompt if limit is None else prompt[:, -limit:]
-    for _ in range(max_new_tokens):
-        if (caches is not None and limit is not None
-                and len(caches[0]) + step_input.shape[1] > limit):
-            # the cache is full: from here on, each step reads the last max_len
-            # tokens afresh
-            caches = None
-        context = (step_input if caches is not None else sequence if limit is None
-                   else sequence[:, -limit:])
-        logits, _ = model(context, caches=caches)
-        logits = logits[:, -1].float()  # [B, vocab]
-        if temperature == 0:
-            next_token = logits.argmax(dim=-1, keepdim=True)
-        else:
-            logits = logits / temperature
-            if top_k is not None:
-                kth = logits.topk(top_k, dim=-1).values[:, -1:]
-                logits = logits.masked_fill(logits < kth, float("-inf"))
-            next_token = torch.multinomial(logits.softmax(dim=-1), 1,
-                                           generator=generator)  # [B, 1]
-        sequence = torch.cat([sequence, next_token], dim=1)  # [B, T + tokens so far]
-        step_input = next_token
-    model.train(was_training)
-    return sequence
+    try:
+        caches = model.new_caches(window) if use_cache else None
+        # The tokens a recomputation reads: the last `limit`, or all of them
+        recent = prompt if limit is None else prompt[:, -limit:]  # [B, <= limit]
+        step_input = recent
+        for _ in range(max_new_tokens):
+            if (caches is not None and limit is not None
+                    and len(caches[0]) + step_input.shape[1] > limit):
+                # the cache is full: from here on, each step reads the last `limit`
+                # tokens afresh
+                caches = None
+            logits, _ = model(step_input if caches is not None else recent,
+                              caches=caches)
+            logits = logits[:, -1].float()  # [B, vocab]
+            if temperature == 0:
+                next_token = logits.argmax(dim=-1, keepdim=True)
+            else:
+                logits = logits / temperature
+                if top_k is not None:
+                    kth = logits.topk(top_k, dim=-1).values[:, -1:]
+                    logits = logits.masked_fill(logits < kth, float("-inf"))
+                next_token = torch.multinomial(logits.softmax(dim=-1), 1,
+                                               generator=generator)  # [B, 1]
+            yield next_token
+            step_input = next_token
+            if limit is not None:  # a copy of at most `limit` tokens per step
+                recent = torch.cat([recent, next_token], dim=1)[:, -limit:]
+            elif caches is None:  # the reference path reads the whole sequence
+                recent = torch.cat([recent, next_token], dim=1)
+    finally:
+        model.train(was_training)
+
+
+def generate(model: LanguageModel, prompt: Tensor, max_new_tokens: int, *,
+             temperature: float = 1.0, top_k: int | None = None,
+             generator: torch.Generator | None = None, use_cache: bool = True,
+             context_len: int | None = None, window: int | None = None) -> Tensor:
+    """Continue `prompt` (`[B, T]` ids) by `max_new_tokens` sampled tokens; returns
+    `[B, T + max_new_tokens]`.
+
+    temperature = 0 picks the most likely token (greedy decoding). Any length can be
+    generated: a model with absolute positions (aft-full, aft-local, mha with learned
+    positions) reads only the last `max_len` tokens, as nanoGPT does, or the last
+    `context_len` when that is given (the training length of a model trained on windows
+    shorter than `max_len`, whose later positions were never trained); it decodes with
+    its cache until the cache holds that many positions, then recomputes each token from
+    the cropped context. `context_len` crops any model's context; `window` is
+    `generate_tokens`'s. The tokens are gathered once at the end, never copied per step.
+    """
+    tokens = list(generate_tokens(model, prompt, max_new_tokens,
+                                  temperature=temperature,
+                                  top_k=top_k, generator=generator, use_cache=use_cache,
+                                  context_len=context_len, window=window))
+    return torch.cat([prompt, *tokens], dim=1)

@@ -50,19 +50,30 @@ def test_commit_comparison_builds_both_packages_side_by_side():
 
 
 def test_fault_injection_kills_runs_and_finds_nothing_lost():
-    """Two trials, one per signal, each killed within a second of its first step: what the closing table must say
-    at any size (no run lost, no temporary file left after the next run, which takes over every time)."""
-    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"), "--trials", "2",
+    """One trial per case, SIGTERM and SIGKILL within a second of the first step: what the closing table must say
+    at any size (no run lost, no temporary file left after the next run, which takes over every time). The double
+    SIGINT and the SIGTERM aimed at an evaluation are measured and reported in their rows: the aim must land in the
+    evaluation (1 of 1 counted), and each run, however it stopped, must leave a checkpoint the next run continues."""
+    result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"), "--trials", "4",
                              "--latest", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {row[1].strip(): [cell.strip() for cell in row[2:-1]] for row in
-            (line.split("|") for line in result.stdout.splitlines() if line.startswith("| SIG"))}
-    assert set(rows) == {"SIGTERM", "SIGKILL"}, result.stdout
-    for name, (trials, status, lost, steps_lost, stray, stray_after, loadable, took_over) in rows.items():
-        assert lost == "0" and stray_after == "0" and took_over == "1 of 1", result.stdout
+            (line.split("|") for line in result.stdout.splitlines() if line.startswith("| SIG") or
+             line.startswith("| double"))}
+    assert set(rows) == {"SIGTERM", "SIGKILL", "double SIGINT", "SIGTERM in evaluation"}, result.stdout
+    for name, (trials, status, lost, steps_lost, missed, stray, stray_after, loadable, took_over, evaluations) \
+            in rows.items():
+        assert trials == "1" and stray_after == "0" and took_over == "1 of 1", result.stdout
         written, of = loadable.split(" of ")
         assert written == of, result.stdout  # every checkpoint written loads
-    assert rows["SIGTERM"][1] == "143" and rows["SIGTERM"][3].startswith("0 /"), result.stdout  # saved at its step
+        if name != "SIGTERM in evaluation":
+            assert evaluations == "n/a", result.stdout
+    for name in ("SIGTERM", "SIGKILL"):
+        assert rows[name][2] == "0", result.stdout
+    assert rows["SIGTERM"][1] == "143" and rows["SIGTERM"][3].startswith("0 /") and rows["SIGTERM"][4] == "0"
+    assert rows["double SIGINT"][1] == "130" and rows["SIGTERM in evaluation"][1] == "143", result.stdout
+    assert rows["SIGTERM in evaluation"][7] == "1 of 1", result.stdout  # it stopped, and saved, in its evaluation
+    assert rows["SIGTERM in evaluation"][9].endswith(" of 1"), result.stdout  # the signal landed in the evaluation
 
 
 def triton_has_ptxas() -> bool:

@@ -1,7 +1,9 @@
 """The command line as a user meets it: `python -m aftalibi ...` (main(argv), or the real entry point in a
 subprocess), always in a temporary directory."""
 
+import errno
 import os
+import signal
 import subprocess
 import sys
 from dataclasses import fields
@@ -11,6 +13,8 @@ import pytest
 import torch
 
 import aftalibi
+import aftalibi.__main__
+import aftalibi.model as modelling
 import aftalibi.train as training
 from aftalibi.__main__ import main
 from aftalibi.aft import AFT_KERNELS
@@ -154,7 +158,9 @@ def test_models_with_absolute_positions_generate_past_max_len(corpus_file, tmp_p
 
 def test_generate_checks_its_options_before_loading(tmp_path, capsys):
     missing = str(tmp_path / "missing.pt")
-    for arguments, message in ((["--max-new-tokens", "-3"], "--max-new-tokens must be >= 0, got -3"),
+    for arguments, message in ((["--max-new-tokens", "-3"], "--max-new-tokens must be in [0, 1000000], got -3"),
+                               (["--max-new-tokens", "1e9"], "--max-new-tokens must be in [0, 1000000], got 1000000000"),
+                               (["--seed", str(2 ** 64)], "--seed must be in [-2**63, 2**64 - 1], got 18446744073709551616"),
                                (["--temperature", "-1"], "--temperature must be a finite number >= 0"),
                                (["--top-k", "0"], "--top-k must be >= 1"),
                                (["--prompt", ""], "--prompt must hold at least one character"),
@@ -207,3 +213,142 @@ def test_strip_checkpoint_writes_a_model_that_generates_and_never_replaces_a_fil
     (tmp_path / "copy" / "checkpoint.pt").write_bytes(shared.read_bytes())
     assert main(["train", "--out-dir", str(tmp_path / "copy"), "--resume"]) == 2
     assert "holds a trained model only" in capsys.readouterr().err
+
+
+DEMO = Path(aftalibi.__file__).parent / "results" / "demo-alibi.pt"  # the shipped demo model
+
+
+class Terminal:
+    """A stdout that records what had been written, and what of it was flushed."""
+
+    def __init__(self):
+        self.written, self.flushed = "", ""
+
+    def write(self, text: str) -> int:
+        self.written += text
+        return len(text)
+
+    def flush(self) -> None:
+        self.flushed = self.written
+
+
+def generation_watched(monkeypatch, interrupt_at: int | None = None) -> tuple[list[str], Terminal]:
+    """Make generate's tokens record what stdout had flushed as each was drawn; the `interrupt_at`-th raises
+    KeyboardInterrupt instead, as Ctrl-C pressed while it is computed."""
+    shown, original = [], modelling.generate_tokens
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+
+    def watched(*args, **kwargs):
+        for number, token in enumerate(original(*args, **kwargs), start=1):
+            if number == interrupt_at:
+                raise KeyboardInterrupt
+            shown.append(terminal.flushed)
+            yield token
+
+    monkeypatch.setattr(modelling, "generate_tokens", watched)
+    return shown, terminal
+
+
+def test_generate_prints_each_character_as_it_comes(monkeypatch):
+    shown, terminal = generation_watched(monkeypatch)
+    assert main(["generate", "--checkpoint", str(DEMO), "--prompt", "ROMEO:", "--max-new-tokens", "30"]) == 0
+    # when the n-th character was drawn, the prompt and the n - 1 before it were on the screen
+    assert [len(text) for text in shown] == [len("ROMEO:") + n for n in range(30)]
+    assert terminal.flushed == terminal.written and len(terminal.written) == len("ROMEO:") + 30 + 1
+    assert terminal.written.startswith("ROMEO:") and terminal.written.endswith("\n")
+
+
+def test_ctrl_c_during_generate_keeps_the_text_and_exits_130(monkeypatch, capsys):
+    shown, terminal = generation_watched(monkeypatch, interrupt_at=12)
+    assert main(["generate", "--checkpoint", str(DEMO), "--prompt", "ROMEO:", "--max-new-tokens", "500"]) == 130
+    # the 11 characters drawn before Ctrl-C, and the line ended, all on the screen
+    assert terminal.flushed == terminal.written and len(terminal.written) == len("ROMEO:") + 11 + 1
+    assert terminal.written.startswith(shown[-1]) and terminal.written.endswith("\n")
+    assert capsys.readouterr().err.strip() == "aftalibi generate: interrupted after 11 characters; they are above"
+
+
+def test_generate_streams_to_a_pipe_and_stops_on_sigint_or_when_the_reader_leaves():
+    """The real entry point: the first characters arrive long before the end; SIGINT ends the line and exits 130,
+    a reader that closes the pipe ends it with 141, and neither prints a traceback."""
+    command = [sys.executable, "-m", "aftalibi", "generate", "--checkpoint", str(DEMO), "--prompt", "ROMEO:",
+               "--max-new-tokens", "1000000"]
+    for stop in ("SIGINT", "close"):
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                   env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        first = process.stdout.read(len("ROMEO:") + 20)  # 20 of a million characters: streamed
+        assert first.startswith(b"ROMEO:")
+        if stop == "SIGINT":
+            process.send_signal(signal.SIGINT)
+            rest, error = process.communicate(timeout=120)
+            assert process.returncode == 130 and (first + rest).endswith(b"\n"), error
+            assert error.decode().startswith("aftalibi generate: interrupted after ")
+            assert len(error.decode().strip().splitlines()) == 1, error
+        else:
+            process.stdout.close()
+            error = process.stderr.read()
+            assert process.wait(timeout=120) == 141 and error == b"", error
+
+
+def test_run_notebooks_refuses_an_unwritable_out_before_running_any(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(aftalibi.__main__, "run_notebooks", lambda *args, **kwargs: pytest.fail("a notebook ran"))
+    (tmp_path / "file").write_text("")
+    notebooks = Path(__file__).parent.parent / "notebooks"
+    for out, message in ((tmp_path / "file" / "copies", "lies under"),
+                         (Path("/proc/aftalibi-copies"), "cannot be written: /proc/aftalibi-copies: ")):
+        assert main(["run-notebooks", "--notebooks", str(notebooks), "--out", str(out)]) == 2
+        error = capsys.readouterr().err.strip()
+        assert f"--out {out}" in error and message in error and len(error.splitlines()) == 1
+
+
+def full_disk_save(error: str):
+    """torch.save that writes a little and then finds the disk full: a RuntimeError raised while handling the
+    OSError (what torch's zip writer raises), or the OSError itself (as a flush or an fsync would)."""
+    def save(state, file, *args, **kwargs):
+        file.write(b"PK\x03\x04 a partial archive")
+        full = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        if error == "OSError":
+            raise full
+        try:
+            raise full
+        except OSError:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 704 vs 598")  # noqa: B904
+    return save
+
+
+@pytest.mark.parametrize("error", ["RuntimeError", "OSError"])
+def test_strip_checkpoint_on_a_full_disk_is_one_line_and_leaves_every_file_as_it_was(tmp_path, monkeypatch,
+                                                                                      capsys, error):
+    source, out = tmp_path / "checkpoint.pt", tmp_path / "shared" / "model.pt"
+    source.write_bytes(DEMO.read_bytes())
+    out.parent.mkdir()
+    monkeypatch.setattr(torch, "save", full_disk_save(error))
+    for arguments in ([], ["--overwrite"]):  # a new file, then over a previous one
+        assert main(["strip-checkpoint", str(source), str(out), *arguments]) == 1
+        message = capsys.readouterr().err.strip()
+        assert message == f"aftalibi strip-checkpoint: error: {out}: cannot be written (No space left on device)"
+        assert source.read_bytes() == DEMO.read_bytes() and sorted(tmp_path.glob("**/.*.tmp")) == []
+        if arguments:
+            assert out.read_bytes() == b"the previous file"
+        else:
+            assert sorted(out.parent.iterdir()) == []
+            out.write_bytes(b"the previous file")
+
+
+@pytest.mark.parametrize("arguments,message", [
+    (["run-notebooks", "--timeout", "0", "--out", "copies"], "--timeout must be >= 1 second, got 0"),
+    (["refresh-notebooks", "README.md"], "not a notebook (.ipynb): README.md"),
+    (["refresh-notebooks", "notebooks/01_attention.ipynb", "--timeout", "-5"], "--timeout must be >= 1 second, got -5"),
+    (["extrapolate", "--seeds", str(2 ** 64), "--out", "results.json"],
+     "--seeds must be in [0, 2**63 - 1], got 18446744073709551616"),
+    (["extrapolate", "--sweep-seeds", "-1", "--out", "results.json"], "--sweep-seeds must be in [0, 2**63 - 1], got -1"),
+    (["extrapolate", "--out", "/proc/aftalibi/results.json"], "--out /proc/aftalibi cannot be written"),
+])
+def test_more_bad_options_are_one_line_before_any_work(tmp_path, capsys, arguments, message):
+    (tmp_path / "README.md").write_text("not a notebook")
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "notebooks" / "01_attention.ipynb").write_text("{}")
+    assert main(arguments) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err and len(captured.err.strip().splitlines()) == 1 and captured.out == ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["README.md", "notebooks"]

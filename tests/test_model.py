@@ -6,7 +6,9 @@ from dataclasses import asdict
 import pytest
 import torch
 
-from aftalibi.model import MIXERS, POSITIONS, LanguageModel, ModelConfig, generate
+from aftalibi.alibi import AlibiMultiHeadAttention
+from aftalibi.model import (MIXERS, POSITIONS, LanguageModel, ModelConfig, SlidingKVCache, decoding_window, generate,
+                            generate_tokens)
 
 VARIANTS = [("mha", p) for p in POSITIONS] + [(m, "none") for m in MIXERS if m != "mha"]
 
@@ -166,3 +168,105 @@ def test_paper_sinusoids_scale_the_embeddings_and_stay_as_large():
     assert faint.position.amplitude == 0.02 and paper.position.amplitude == 1.0
     embedded = paper.embedding.weight * paper.embedding_scale
     assert 0.5 < paper.position.amplitude / embedded.pow(2).mean().sqrt().item() < 10  # same order, not 50x smaller
+
+
+def test_generate_tokens_yields_each_token_as_it_is_drawn_and_checks_its_arguments_at_the_call():
+    torch.manual_seed(4)
+    model = LanguageModel(small(mixer="alibi"))
+    prompt = torch.randint(0, 30, (2, 3))
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 0"):
+        generate_tokens(model, prompt, -1)  # at the call, not at the first token
+    drawn = []
+    original = torch.multinomial
+
+    def counted(*args, **kwargs):
+        drawn.append(1)
+        return original(*args, **kwargs)
+
+    stream = generate_tokens(model, prompt, 10, generator=torch.Generator().manual_seed(1))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch, "multinomial", counted)
+        first = next(stream)
+        assert first.shape == (2, 1) and len(drawn) == 1  # one token drawn, nine to come
+        rest = list(stream)
+    assert len(drawn) == 10 and model.training  # the caller's mode is back once the stream ends
+    whole = generate(model, prompt, 10, generator=torch.Generator().manual_seed(1))
+    assert torch.equal(torch.cat([prompt, first, *rest], dim=1), whole)
+
+
+def test_generation_copies_a_bounded_amount_per_token(monkeypatch):
+    """Decoding appended each token to the KV caches and to the sequence with torch.cat, copying the whole past at
+    every step: quadratic in the length. Now the caches grow by doubling and the tokens are gathered once."""
+    model = LanguageModel(small(mixer="alibi")).eval()
+    copied, original = [0], torch.cat
+
+    def counted(tensors, *args, **kwargs):
+        result = original(tensors, *args, **kwargs)
+        copied[0] += result.numel()
+        return result
+
+    monkeypatch.setattr(torch, "cat", counted)
+    per_token = []
+    for length in (200, 400):
+        copied[0] = 0
+        generate(model, torch.zeros(1, 1, dtype=torch.long), length, generator=torch.Generator().manual_seed(0))
+        per_token.append(copied[0] / length)
+    assert per_token[1] < 1.2 * per_token[0] and per_token[1] < 10, per_token
+
+
+def test_sliding_cache_holds_the_last_window_positions_in_a_bounded_buffer():
+    keys = torch.randn(1, 2, 300, 4, dtype=torch.float64)
+    values = torch.randn(1, 2, 300, 4, dtype=torch.float64)
+    growing, sliding = SlidingKVCache(), SlidingKVCache(window=7)
+    sizes = set()
+    for t in range(0, 300, 3):  # three positions a step
+        growing.append(keys[..., t:t + 3, :], values[..., t:t + 3, :])
+        k, v = sliding.append(keys[..., t:t + 3, :], values[..., t:t + 3, :])
+        assert torch.equal(k, keys[..., max(0, t + 3 - 7):t + 3, :]) and torch.equal(v, values[..., max(0, t + 3 - 7):t + 3, :])
+        sizes.add(sliding.buffers[0].shape[-2])
+    assert torch.equal(growing.keys, keys) and torch.equal(growing.values, values) and len(growing) == 300
+    assert max(sizes) <= 64 and len(sliding) == 7
+
+
+def banded_alibi(window: int):
+    """ALiBi attention that reads only the last `window` positions, written out in float64: the reference."""
+    def attend(self, q, k, v, attention_mask):
+        i = torch.arange(k.shape[-2] - q.shape[-2], k.shape[-2])[:, None]
+        j = torch.arange(k.shape[-2])[None, :]
+        distance = (i - j).double()  # [T_q, T_k]
+        bias = -self.slopes.double()[:, None, None] * distance  # -m_h (i - j)
+        bias = bias.masked_fill((distance < 0) | (distance >= window), float("-inf"))
+        scores = q.double() @ k.double().transpose(-2, -1) / math.sqrt(q.shape[-1]) + bias
+        return (scores.softmax(dim=-1) @ v.double()).to(q.dtype)
+    return attend
+
+
+def test_windowed_alibi_decoding_equals_attention_over_the_last_window_positions(monkeypatch):
+    torch.manual_seed(5)
+    model = LanguageModel(small(mixer="alibi", n_layers=3)).double()
+    prompt = torch.randint(0, 30, (2, 4))
+    windowed = generate(model, prompt, 20, temperature=0, window=6)
+    unwindowed = generate(model, prompt, 20, temperature=0)
+    assert torch.equal(generate(model, prompt, 20, temperature=0, window=24), unwindowed)  # wider than the text
+    monkeypatch.setattr(AlibiMultiHeadAttention, "_attend", banded_alibi(6))
+    for end in range(4, windowed.shape[1]):  # each token from the whole past, every layer reading 6 positions
+        assert torch.equal(model(windowed[:, :end])[0][:, -1].argmax(dim=-1), windowed[:, end])
+    assert not torch.equal(windowed, unwindowed)  # the window mattered here
+
+
+def test_decoding_window_is_where_every_alibi_head_lowers_a_score_by_40_nats():
+    from aftalibi.alibi import get_slopes
+    assert decoding_window(small(mixer="alibi", n_heads=4)) == 40 * 2 ** 8  # slopes 1/4 .. 1/256
+    window = decoding_window(small(mixer="alibi", n_heads=8, d_model=64))
+    assert get_slopes(8).min() * window >= 40 > get_slopes(8).min() * (window - 1)
+    assert decoding_window(small(mixer="mha")) is None and decoding_window(small(mixer="aft-conv")) is None
+
+
+@pytest.mark.parametrize("overrides,kwargs,message", [
+    ({"mixer": "mha", "position": "rotary"}, {"window": 8}, "window applies to the mixers that read no absolute"),
+    ({"mixer": "alibi"}, {"window": 0}, "window must be >= 1"),
+    ({"mixer": "alibi"}, {"window": 8, "context_len": 8}, "given without context_len"),
+])
+def test_a_window_is_refused_where_it_would_change_the_positions(overrides, kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        generate(LanguageModel(small(**overrides)), torch.zeros(1, 2, dtype=torch.long), 3, **kwargs)
