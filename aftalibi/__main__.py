@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import math
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -129,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     from aftalibi.aft import AFT_KERNELS
     from aftalibi.data import CorpusError
     from aftalibi.model import MIXERS, POSITIONS, ModelConfig
-    from aftalibi.train import (DEMO_MODEL, OPTIMIZERS, PRECISIONS, PRESETS, CheckpointError, RunInUse, Terminated,
+    from aftalibi.train import (DEMO_MODEL, OPTIMIZERS, PRECISIONS, PRESETS, CheckpointError, RunInUse,
                                 TrainConfig, TrainingDiverged)
 
     parser = argparse.ArgumentParser(prog="python -m aftalibi", description=__doc__)
@@ -244,8 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"aftalibi {args.command}: error: {error}", file=sys.stderr)
         return 1 if isinstance(error, TrainingDiverged) else 2  # a run that failed, or input refused before any work
     except KeyboardInterrupt as stop:  # before or after the part of a command that saves its work
-        print(f"aftalibi {args.command}: {'stopped by SIGTERM' if isinstance(stop, Terminated) else 'interrupted'}",
-              file=sys.stderr)
+        print(f"aftalibi {args.command}: {stopped_by(stop)}", file=sys.stderr)
         return exit_code(stop)
     except (OSError, RuntimeError) as error:  # a file that could not be read or written: its path and the cause
         cause = os_error_in(error)
@@ -291,10 +291,18 @@ def check_output_folder(folder: Path, option: str) -> None:
 
 
 def exit_code(stop: KeyboardInterrupt) -> int:
-    """The shell's code for a process stopped by a signal, 128 + its number: 143 for SIGTERM, 130 for Ctrl-C."""
-    from aftalibi.train import Terminated
+    """The shell's code for a process stopped by a signal, 128 + its number: 143 for SIGTERM,
+    129 for SIGHUP (a closed terminal), 130 for Ctrl-C."""
+    from aftalibi.runs import Terminated
 
-    return 143 if isinstance(stop, Terminated) else 130
+    return 128 + (signal.Signals[stop.name] if isinstance(stop, Terminated) else signal.SIGINT)
+
+
+def stopped_by(stop: KeyboardInterrupt) -> str:
+    """How a command says it was stopped: by which signal, or "interrupted" for Ctrl-C."""
+    from aftalibi.runs import Terminated
+
+    return f"stopped by {stop.name}" if isinstance(stop, Terminated) else "interrupted"
 
 
 def train_command(args, ModelConfig, TrainConfig) -> int:
@@ -332,7 +340,8 @@ def train_command(args, ModelConfig, TrainConfig) -> int:
     start = time.perf_counter()
     result = train(model_options, config, resume=args.resume, overwrite=args.overwrite, session_steps=args.session_steps)
     minutes = (time.perf_counter() - start) / 60
-    code = (143 if result["terminated"] else 130) if result["interrupted"] else 0  # 128 + the signal's number
+    # 128 + the stopping signal's number, as a shell reports it: 130 (Ctrl-C), 143, 129 (SIGHUP)
+    code = 128 + signal.Signals[result["stopped_by"]] if result["stopped_by"] else 0
     if not Distributed.from_environment().is_main:
         return code  # under torchrun, rank 0 reports and samples
     if result["validation_step"] is None:
@@ -489,7 +498,7 @@ def extrapolate_command(args, argv: list[str]) -> int:
         results = run_experiment(config, path=args.out, models=args.save_models, command=command,
                                  log=lambda line: print(line, flush=True), device=args.device)
     except KeyboardInterrupt as stop:
-        stopped = "stopped by SIGTERM" if exit_code(stop) == 143 else "interrupted"
+        stopped = stopped_by(stop)
         kept = (f"{args.out} holds every model finished before it" if args.out.exists() else "no model had finished")
         print(f"{stopped}: {kept}, the one in training is lost; the same command continues", flush=True)
         return exit_code(stop)

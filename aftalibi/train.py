@@ -659,7 +659,7 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
           live: bool | None = None) -> dict:
     """Train a model; returns {"step", "train_loss", "validation_loss",
     "validation_step", "tokens_per_second", "precision", "checkpoint", "history",
-    "interrupted", "terminated"}.
+    "interrupted", "terminated", "stopped_by"}.
 
     validation_loss is the last evaluation's, made at validation_step (nan and None
     before the first); train_loss is the mean over the steps of the last report;
@@ -667,7 +667,8 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
     "float32"); tokens_per_second is the mean over this call's optimizer steps
     (evaluations excluded), for the whole job under torchrun; interrupted says whether
     Ctrl-C, SIGTERM or SIGHUP stopped the call, terminated whether it was SIGTERM or
-    SIGHUP (all save a checkpoint first).
+    SIGHUP, stopped_by the signal's name ("SIGINT" for Ctrl-C; None: not stopped); all
+    save a checkpoint first.
 
     `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None:
     DEMO_MODEL). A new run refuses to replace a checkpoint in `config.out_dir` unless
@@ -746,7 +747,8 @@ def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: 
             "tokens_per_second": meter["tokens"] / max(meter["seconds"], 1e-9),
             "precision": run.precision, "checkpoint": str(run.path),
             "history": run.history, "interrupted": stop is not None,
-            "terminated": isinstance(stop, Terminated)}
+            "terminated": isinstance(stop, Terminated),
+            "stopped_by": None if stop is None else getattr(stop, "name", "SIGINT")}
 
 
 def save_on_stop(run: Run, stop: KeyboardInterrupt, progress: Progress) -> None:
