@@ -15,7 +15,7 @@ every step as it finishes) and stops it in one of four ways (`--cases`):
 Then it looks at the run's folder:
 
 - runs lost: the folder holds no loadable checkpoint although the run had one to keep (SIGTERM: it
-  had begun training, and saves on the signal; SIGKILL: it had passed its first evaluation);
+  had begun training, and saves on the signal; SIGKILL: it had gone past its first evaluation);
 - steps lost: the last step the run reported minus the step of its checkpoint (0 before training);
 - stray files: temporary files (`.*.tmp`) left in the folder, right after the kill and after the
   next run there (`--resume`, or `--overwrite` where no checkpoint was written), which must take
@@ -136,7 +136,8 @@ def trial(folder: Path, corpus: Path, case: str, kill_after: float, eval_every: 
         except CheckpointError:
             loadable = False
     saves = kill_signal != signal.SIGKILL  # the run saves a checkpoint at the step it stopped at
-    had_one_to_keep = last_step >= (1 if saves else eval_every)
+    # SIGKILL: a run that reported its first checkpoint's step may have been killed in that save.
+    had_one_to_keep = last_step >= 1 if saves else last_step > eval_every
     stray = temporaries(folder)
     # The next run in the folder takes over the lock the killed process may have left and removes its temporaries.
     next_run = ["train", "--out-dir", str(folder), "--session-steps", "1", "--sample", "0", "--threads", "1"]

@@ -50,10 +50,10 @@ def test_commit_comparison_builds_both_packages_side_by_side():
 
 
 def test_fault_injection_kills_runs_and_finds_nothing_lost():
-    """One trial per case, SIGTERM and SIGKILL within a second of the first step: what the closing table must say
-    at any size (no run lost, no temporary file left after the next run, which takes over every time). The double
-    SIGINT and the SIGTERM aimed at an evaluation are measured and reported in their rows: the aim must land in the
-    evaluation (1 of 1 counted), and each run, however it stopped, must leave a checkpoint the next run continues."""
+    """One trial per case: what the closing table must say at any size. No run is lost, no temporary file is left
+    after the next run, which takes over every time, and every checkpoint written loads. SIGTERM, a double SIGINT
+    (the second 1 to 10 ms after the first, during the save) and a SIGTERM aimed at an evaluation lose no step and
+    miss no save; the aimed SIGTERM lands in the evaluation, and the resumed run redoes it."""
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "fault_injection.py"), "--trials", "4",
                              "--latest", "1"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -68,12 +68,15 @@ def test_fault_injection_kills_runs_and_finds_nothing_lost():
         assert written == of, result.stdout  # every checkpoint written loads
         if name != "SIGTERM in evaluation":
             assert evaluations == "n/a", result.stdout
-    for name in ("SIGTERM", "SIGKILL"):
-        assert rows[name][2] == "0", result.stdout
-    assert rows["SIGTERM"][1] == "143" and rows["SIGTERM"][3].startswith("0 /") and rows["SIGTERM"][4] == "0"
-    assert rows["double SIGINT"][1] == "130" and rows["SIGTERM in evaluation"][1] == "143", result.stdout
+    for name in rows:
+        assert rows[name][2] == "0", result.stdout  # no run lost, however it was stopped
+    for name in ("SIGTERM", "double SIGINT", "SIGTERM in evaluation"):
+        assert rows[name][3].startswith("0 /") and rows[name][4] == "0", result.stdout  # saved where it stopped
+    assert rows["SIGTERM"][1] == "143" and rows["double SIGINT"][1] == "130", result.stdout
+    assert rows["SIGTERM in evaluation"][1] == "143", result.stdout
     assert rows["SIGTERM in evaluation"][7] == "1 of 1", result.stdout  # it stopped, and saved, in its evaluation
-    assert rows["SIGTERM in evaluation"][9].endswith(" of 1"), result.stdout  # the signal landed in the evaluation
+    # The signal landed in the evaluation, and the resumed run redid it: none lost.
+    assert rows["SIGTERM in evaluation"][9] == "0 of 1", result.stdout
 
 
 def triton_has_ptxas() -> bool:
