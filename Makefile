@@ -50,8 +50,9 @@ PYTEST_PARALLEL := -n auto --dist loadfile
 test: $(STAMP) $(COLAB_WHEELS)
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
-# The quick tier: tests/ without the tests marked slow (the notebooks under nbval, the Colab play,
-# the docs in a browser, fault injection), the export and sync checks included.
+# The quick tier: tests/ without the notebooks under nbval and without the tests marked slow (the
+# Triton kernels in Triton's interpreter, the benchmark scripts and fault injection, the Colab play,
+# the docs build and browser); the export and sync checks (tests/test_repository.py) included.
 check: $(STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_PARALLEL) -m "not slow"
 

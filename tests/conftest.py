@@ -73,3 +73,11 @@ def docs_site(tmp_path_factory, worker_id, docs_tree_lock) -> Path:
     errors = (shared / "errors.txt").read_text(encoding="utf-8")
     assert not errors, errors
     return shared / "html"
+
+
+def pytest_collection_modifyitems(items):
+    """A test that needs the docs built (minutes) or a fresh Colab environment (a virtual
+    environment installed from wheels) is slow by what it uses: `make check` leaves it out."""
+    for item in items:
+        if {"docs_site", "colab"} & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)

@@ -26,7 +26,8 @@ GPU = "gpu-chunked"
 # dev extra installs it there) and its interpreter runs their loops (not Triton 3.6 beside NumPy 2.4).
 TRITON_ON_CPU = aft_triton.unavailable_reason("cpu")
 needs_triton = pytest.mark.skipif(TRITON_ON_CPU is not None, reason=str(TRITON_ON_CPU))
-GPU_KERNELS = [GPU, pytest.param("triton", marks=needs_triton)]
+# The Triton cases run in Triton's interpreter: minutes on a CPU, so `make check` leaves them out.
+GPU_KERNELS = [GPU, pytest.param("triton", marks=[needs_triton, pytest.mark.slow])]
 
 
 def run_op(op, q, k, v, w, kernel, window, causal, mask):
