@@ -23,16 +23,8 @@ TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 TINY = ["--seq-len", "16", "--batch-size", "4", "--eval-windows", "4", "--d-model", "16", "--n-layers", "1",
         "--n-heads", "2", "--d-ff", "32", "--optimizer", OPTIMIZER, "--sample", "0"]
 
-
-@pytest.fixture(autouse=True)
-def in_tmp_path(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-
-
-def one_error_line(capsys) -> str:
-    error = capsys.readouterr().err.strip()
-    assert len(error.splitlines()) == 1, error
-    return error
+# Run from a temporary folder, and read a refusal's one line, as the other run tests do.
+from test_runs import in_tmp_path, one_error_line  # noqa: E402, F401  (in_tmp_path: an autouse fixture)
 
 
 def tiny_run(corpus_file, out_dir, **overrides) -> TrainConfig:
