@@ -30,13 +30,8 @@ import i18n_site  # noqa: E402
 
 COMPLETE = [(language, page) for language, pages in catalogues.manifest().items() for page in pages]
 NOTEBOOK = "notebooks/03_alibi"  # the page the browser test opens
-CHROMIUM, CHROMEDRIVER = shutil.which("chromium"), shutil.which("chromedriver")
-needs_chromium = pytest.mark.skipif(
-    not (CHROMIUM and CHROMEDRIVER),
-    reason="Chromium is not installed (Debian: apt-get install chromium chromium-driver; CI installs it)")
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1400,1000"]
+# The browser as tests/test_docs.py drives it (Debian's Chromium, flags for a closed network).
+from test_docs import CHROMEDRIVER, CHROMIUM, CHROMIUM_FLAGS, needs_chromium  # noqa: E402
 
 # What a translation must keep exactly as its English has it (as a multiset: order may change).
 KEPT = {
