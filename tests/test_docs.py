@@ -272,14 +272,18 @@ NOTEBOOK_CELLS = [
 ]
 
 
-@pytest.fixture
-def annotated_source():
+def docs_extension(name: str):
+    """One of docs/_ext's Sphinx extensions, imported from there for the length of a test."""
     sys.path.insert(0, str(DOCS / "_ext"))
     try:
-        import annotated_source
-        yield annotated_source
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(str(DOCS / "_ext"))
+
+
+@pytest.fixture
+def annotated_source():
+    yield from docs_extension("annotated_source")
 
 
 def test_annotated_source_cuts_a_module_at_cells_and_definitions(tmp_path, annotated_source):
@@ -342,12 +346,7 @@ def test_annotated_source_leaves_out_docstring_paragraphs_that_repeat_the_notes(
 
 @pytest.fixture
 def search_math():
-    sys.path.insert(0, str(DOCS / "_ext"))
-    try:
-        import search_math
-        yield search_math
-    finally:
-        sys.path.remove(str(DOCS / "_ext"))
+    yield from docs_extension("search_math")
 
 
 def test_docstring_dollar_math_becomes_rest_math(search_math):
