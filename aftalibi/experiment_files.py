@@ -25,7 +25,8 @@ from .runs import (
 __all__ = ['RESULTS_FORMAT', 'MODES', 'T_975', 'option', 'require', 'check_fields', 'jsonable', 'config_from_json', 'differences',
            'git_commit', 'device_name', 'run_record', 'check_results', 'save_results', 'load_results',
            'check_same_training', 'open_results', 'results_files_held', 'saved_model_path', 'save_model',
-           'load_saved_model', 'ExperimentRun', 'experiment_run', 'markdown_table', 'figure_digest', 'save_figure']
+           'load_saved_model', 'ExperimentRun', 'experiment_run', 'markdown_table', 'mean_interval', 'summarize',
+           'sweep_summary', 'seed_spread', 'compare_seeds', 'seed_changes', 'figure_digest', 'save_figure']
 
 # %% ../notebooks/12_experiment_files.ipynb #1f69fed2
 def option(default, help_text: str):
@@ -399,9 +400,9 @@ class ExperimentRun:
             return model, saved["train_loss"], saved["train_seconds"]
         (model, loss), seconds = self.timed(train)
         if file is not None:
-            save_model(file, {**checkpoint, "model": model.state_dict(), "train_loss": loss,
-                              "train_seconds": seconds}, identity, self.device,
-                       self.precision)
+            saved = {**checkpoint, "model": model.state_dict(), "train_loss": loss,
+                     "train_seconds": seconds}
+            save_model(file, saved, identity, self.device, self.precision)
         return model, loss, seconds
 
 
@@ -433,6 +434,87 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
 # Student's t quantile t_{0.975, df} for df = 1 .. 10; beyond 10 degrees of freedom the
 # df = 10 value is used (slightly too wide).
 T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def mean_interval(values: list[float]) -> dict:
+    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None
+    for one value), "seeds"}."""
+    n = len(values)
+    mean = sum(values) / n
+    ci = None
+    if n > 1:  # t_{0.975, n-1} s / sqrt(n)
+        sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n**0.5
+    return {"mean": mean, "low": min(values), "high": max(values), "ci": ci, "seeds": n}
+
+
+def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
+    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation
+    mode, variants in run order."""
+    require(mode in MODES, f"mode must be one of {MODES}, got {mode!r}")
+    grouped: dict[str, dict[int, list[dict]]] = {}
+    for r in results["evaluations"]:
+        if r["mode"] == mode:
+            grouped.setdefault(r["variant"], {}).setdefault(r["length"], []).append(r)
+    summary = {}
+    for variant, by_length in grouped.items():
+        summary[variant] = {}
+        for length, records in sorted(by_length.items()):
+            losses = [r["loss"] for r in records if r["loss"] is not None]
+            summary[variant][length] = (mean_interval(losses) if losses
+                                        else {"reason": records[0]["reason"]})
+    return summary
+
+
+def sweep_summary(results: dict) -> dict[int, dict]:
+    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest
+    first."""
+    by_window: dict[int, list[float]] = {}
+    for record in results["sweep"]:
+        by_window.setdefault(record["window"], []).append(record["loss"])
+    return {w: mean_interval(values) for w, values in sorted(by_window.items())}
+
+
+def seed_spread(entry: dict) -> str:
+    """A mean_interval's seeds as text: "1 seed", or "3 seeds, range 1.5 to 1.6"."""
+    if entry["seeds"] == 1:
+        return "1 seed"
+    return f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
+
+
+def compare_seeds(name_a: str, a: dict, name_b: str, b: dict) -> str:
+    """Two mean_intervals compared: "b 1.600 (..) is below a 1.650 (..) by 0.050", then
+    whether their seeds separate them (every seed of one below every seed of the
+    other), overlap, or are too few to tell."""
+    (low_name, low), (high_name, high) = sorted(((name_a, a), (name_b, b)),
+                                                key=lambda item: item[1]["mean"])
+    if a["seeds"] < 2 or b["seeds"] < 2:
+        verdict = "one seed on a side, no spread to judge it by yet"
+    elif low["high"] < high["low"]:
+        verdict = "every seed of one below every seed of the other"
+    else:
+        verdict = "the seeds' ranges overlap: not separated at this number of seeds"
+    return (f"{low_name} {low['mean']:.3f} ({seed_spread(low)}) is below {high_name} "
+            f"{high['mean']:.3f} ({seed_spread(high)}) by "
+            f"{high['mean'] - low['mean']:.3f}; {verdict}")
+
+
+def seed_changes(results: dict, variant: str, before: tuple[int, str],
+                 after: tuple[int, str]) -> str | None:
+    """Loss at `after` minus loss at `before` ((length, mode) pairs), per seed of
+    `variant` that has both, as text; None where no seed has both."""
+    losses = {(r["seed"], r["length"], r["mode"]): r["loss"]
+              for r in results["evaluations"]
+              if r["variant"] == variant and r["loss"] is not None}
+    changes = [losses[(s, *after)] - losses[(s, *before)]
+               for s in sorted({seed for seed, _, _ in losses})
+               if (s, *before) in losses and (s, *after) in losses]
+    if not changes:
+        return None
+    return (f"{sum(changes) / len(changes):+.4f} on average, per seed "
+            f"{', '.join(f'{c:+.4f}' for c in changes)}: lower in "
+            f"{sum(c < 0 for c in changes)} of {len(changes)} "
+            f"seed{'s' if len(changes) > 1 else ''}")
 
 
 def figure_digest(results: dict) -> str:

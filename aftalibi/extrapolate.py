@@ -16,26 +16,27 @@ from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
 # The results file, the frame of a run and the tables' pieces: Appendix E (notebook 12);
 # the names that lived here before are still importable from here.
-from aftalibi.experiment_files import (
+from .experiment_files import (
     MODES, RESULTS_FORMAT, T_975, ExperimentRun, check_fields, check_results,
-    device_name, experiment_run, figure_digest, jsonable, load_results,
-    load_saved_model, markdown_table, open_results, option, require,
+    compare_seeds, device_name, experiment_run, figure_digest, jsonable, load_results,
+    load_saved_model, markdown_table, mean_interval, open_results, option, require,
     results_files_held, run_record, save_figure, save_model, save_results,
-    saved_model_path)
+    saved_model_path, seed_changes, seed_spread, summarize, sweep_summary)
 from .model import LanguageModel, ModelConfig
 from .runs import TrainingDiverged, model_from_checkpoint
 from .train import (
     TrainConfig, learning_rate_factor, make_optimizer, mixed_precision, optimizer_step,
     select_device, training_precision)
 
-_all_ = ["T_975", "markdown_table", "figure_digest"]
+_all_ = ["T_975", "mean_interval", "summarize", "sweep_summary", "markdown_table",
+         "figure_digest"]
 
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'DEMO_LOSS', 'window_starts', 'token_losses', 'evaluation_segments', 'NotApplicable',
            'extend_to_length', 'ExtrapolationConfig', 'training_place', 'train_model', 'evaluate_lengths',
-           'run_experiment', 'mean_interval', 'summarize', 'sweep_summary', 'results_table', 'headline_table',
-           'window_dependence_bound', 'findings', 'plot_extrapolation', 'save_extrapolation_figure',
-           'plot_window_sweep', 'outside_window_share', 'T_975', 'markdown_table', 'figure_digest']
+           'run_experiment', 'results_table', 'headline_table', 'window_dependence_bound', 'findings',
+           'plot_extrapolation', 'save_extrapolation_figure', 'plot_window_sweep', 'outside_window_share', 'T_975',
+           'mean_interval', 'summarize', 'sweep_summary', 'markdown_table', 'figure_digest']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is
@@ -56,13 +57,10 @@ VARIANTS = {
 
 # %% ../notebooks/07_extrapolation.ipynb #4d378d94
 def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
-    """First target of each evaluation window over `n_targets` targets, `[n_windows]`.
-
-    Window k covers targets [k stride, k stride + window). The first window scores all
-    of its targets and every later one only its last `stride`, so the targets
-    0 .. n_scored - 1 are scored exactly once, with
-    n_scored = window + stride (n_windows - 1).
-    """
+    """First target of each evaluation window over `n_targets` targets, `[n_windows]`:
+    window k covers targets [k stride, k stride + window) and scores all of them (k = 0)
+    or its last `stride`, so the first window + stride (n_windows - 1) targets are each
+    scored once."""
     require(window >= 1 and 1 <= stride <= window, "need window >= 1 and 1 <= stride "
             f"<= window, got window={window}, stride={stride}")
     require(n_targets >= window, f"need at least window={window} targets (window + 1 "
@@ -343,18 +341,12 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
                    log: Callable[[str], None] = print,
                    device: str | torch.device = "auto") -> dict:
     """Train every variant and seed, evaluate each at every length, then the window
-    sweep; returns the results.
-
-    With `path`, the results so far are written there (atomically) after every model,
-    and a file that already holds results of the same configuration is continued: its
-    finished models are skipped, and `command` is added to its runs. With `models` (a
-    folder), every model is saved there as a checkpoint (`saved_model_path`), and a
-    model saved there by a run of the same configuration is loaded, not trained. Every
-    model trains on `device` in the precision `config.precision` means there
-    (`training_place`); evaluation runs in float32. A file or model of another
-    configuration, device or precision is refused, never overwritten; the outputs are
-    checked before any work and the results file is locked for the run (Appendix E).
-    """
+    sweep; returns the results. With `path`, they are saved there after every model and
+    a file of this configuration is continued (`command` is added to its runs); with
+    `models` (a folder), every model is saved there and one saved by a run of this
+    configuration is loaded, not trained (Appendix E's `experiment_run`). Models train
+    on `device` in the precision `config.precision` means there (`training_place`);
+    evaluation runs in float32."""
     device, precision = training_place(device, config.precision)
     extension = RELATIVE_EXTENSION if config.extend_absolute else None
     with experiment_run(path, models, jsonable(asdict(config)), extension, command,
@@ -435,45 +427,6 @@ def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpu
                     + (" (the main model's)" if reused else f" ({seconds:.0f} s)"))
 
 # %% ../notebooks/07_extrapolation.ipynb #b4d6ccf5
-def mean_interval(values: list[float]) -> dict:
-    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None
-    for one value), "seeds"}."""
-    n = len(values)
-    mean = sum(values) / n
-    ci = None
-    if n > 1:  # t_{0.975, n-1} s / sqrt(n)
-        sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
-        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n**0.5
-    return {"mean": mean, "low": min(values), "high": max(values), "ci": ci, "seeds": n}
-
-
-def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
-    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation
-    mode, variants in run order."""
-    require(mode in MODES, f"mode must be one of {MODES}, got {mode!r}")
-    grouped: dict[str, dict[int, list[dict]]] = {}
-    for r in results["evaluations"]:
-        if r["mode"] == mode:
-            grouped.setdefault(r["variant"], {}).setdefault(r["length"], []).append(r)
-    summary = {}
-    for variant, by_length in grouped.items():
-        summary[variant] = {}
-        for length, records in sorted(by_length.items()):
-            losses = [r["loss"] for r in records if r["loss"] is not None]
-            summary[variant][length] = (mean_interval(losses) if losses
-                                        else {"reason": records[0]["reason"]})
-    return summary
-
-
-def sweep_summary(results: dict) -> dict[int, dict]:
-    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest
-    first."""
-    by_window: dict[int, list[float]] = {}
-    for record in results["sweep"]:
-        by_window.setdefault(record["window"], []).append(record["loss"])
-    return {w: mean_interval(values) for w, values in sorted(by_window.items())}
-
-
 def results_table(results: dict, mode: str) -> str:
     """A Markdown table: one row per variant with its number of seeds, then one column
     per length: mean ± half the seeds' range (±.004 for ±0.004), or n/a."""
@@ -511,45 +464,6 @@ def headline_table(results: dict) -> str:
 # %% ../notebooks/07_extrapolation.ipynb #93b9199a
 # The CPU demo's validation loss, `python -m aftalibi train` (notebook 06).
 DEMO_LOSS = 1.507
-
-
-def _spread(entry: dict) -> str:
-    if entry["seeds"] == 1:
-        return "1 seed"
-    return f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
-
-
-def _compare(name_a: str, a: dict, name_b: str, b: dict) -> str:
-    """ "a 1.600 (..) is below b 1.650 (..) by 0.050; <do the seeds separate them>"."""
-    (low_name, low), (high_name, high) = sorted(((name_a, a), (name_b, b)),
-                                                key=lambda item: item[1]["mean"])
-    if a["seeds"] < 2 or b["seeds"] < 2:
-        verdict = "one seed on a side, no spread to judge it by yet"
-    elif low["high"] < high["low"]:
-        verdict = "every seed of one below every seed of the other"
-    else:
-        verdict = "the seeds' ranges overlap: not separated at this number of seeds"
-    return (f"{low_name} {low['mean']:.3f} ({_spread(low)}) is below {high_name} "
-            f"{high['mean']:.3f} ({_spread(high)}) by "
-            f"{high['mean'] - low['mean']:.3f}; {verdict}")
-
-
-def _changes(results: dict, variant: str, before: tuple[int, str],
-             after: tuple[int, str]) -> str | None:
-    """Loss at `after` minus loss at `before` ((length, mode) pairs), per seed of
-    `variant` that has both, as text; None where no seed has both."""
-    losses = {(r["seed"], r["length"], r["mode"]): r["loss"]
-              for r in results["evaluations"]
-              if r["variant"] == variant and r["loss"] is not None}
-    changes = [losses[(s, *after)] - losses[(s, *before)]
-               for s in sorted({seed for seed, _, _ in losses})
-               if (s, *before) in losses and (s, *after) in losses]
-    if not changes:
-        return None
-    return (f"{sum(changes) / len(changes):+.4f} on average, per seed "
-            f"{', '.join(f'{c:+.4f}' for c in changes)}: lower in "
-            f"{sum(c < 0 for c in changes)} of {len(changes)} "
-            f"seed{'s' if len(changes) > 1 else ''}")
 
 
 def window_dependence_bound(sweep: dict[int, dict]) -> float | None:
@@ -597,7 +511,7 @@ def findings(results: dict) -> list[str]:
         return entry if "mean" in entry else None
 
     def past_L(variant: str, mode_at_L: str = MODES[1]) -> str | None:
-        return _changes(results, variant, (short, mode_at_L), (long, MODES[1]))
+        return seed_changes(results, variant, (short, mode_at_L), (long, MODES[1]))
 
     seeds = {v: len({r["seed"] for r in trained if r["variant"] == v})
              for v in config["variants"]}
@@ -612,29 +526,31 @@ def findings(results: dict) -> list[str]:
         return lines + ["ALiBi: not measured yet."]
     within = "within" if alibi["mean"] <= DEMO_LOSS + 0.12 else "NOT within"
     lines.append(f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} "
-                 f"({_spread(alibi)}), {within} 0.12 of the CPU demo's {DEMO_LOSS}.")
+                 f"({seed_spread(alibi)}), {within} 0.12 of the CPU demo's "
+                 f"{DEMO_LOSS}.")
     ranked = sorted((e["mean"], v) for v in flat if (e := at(flat, v, short)))
     lines.append(f"Ranking at L ({len(ranked)} variants, best first): "
                  + ", ".join(f"{v} {m:.3f}" for m, v in ranked) + ".")
     if rotary is not None:
         lines.append(f"ALiBi against rotary at L: "
-                     f"{_compare('ALiBi', alibi, 'rotary', rotary)}.")
+                     f"{compare_seeds('ALiBi', alibi, 'rotary', rotary)}.")
     if (beyond := past_L("alibi")) and at(sliding, "alibi", long):
         lines.append(f"ALiBi beyond L: sliding-window loss at {long} = "
                      f"{long // short}L minus at L: {beyond}. Against its "
                      f"non-overlapping loss at L: {past_L('alibi', MODES[0])}.")
     if nope is not None:
-        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({_spread(nope)}), "
+        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({seed_spread(nope)}), "
                      f"place {[v for _, v in ranked].index('mha-none') + 1} of "
                      f"{len(ranked)}.")
         if (past := past_L("mha-none")) and at(sliding, "mha-none", long):
             lines.append(f"NoPE past L: sliding-window loss at {long // short}L minus "
                          f"at L: {past}.")
-        lines += [f"{v} against NoPE at L: {_compare(v, entry, 'NoPE', nope)}."
+        lines += [f"{v} against NoPE at L: {compare_seeds(v, entry, 'NoPE', nope)}."
                   for v in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper")
                   if (entry := at(flat, v, short)) is not None]
     for variant in config["variants"]:
-        flat_2L = _changes(results, variant, (short, MODES[0]), (2 * short, MODES[0]))
+        flat_2L = seed_changes(results, variant, (short, MODES[0]),
+                               (2 * short, MODES[0]))
         if flat_2L:
             lines.append(f"{variant} at 2L against L (non-overlapping): {flat_2L}.")
     return lines + _window_findings(results)
