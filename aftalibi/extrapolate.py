@@ -28,15 +28,11 @@ from .train import (
     TrainConfig, learning_rate_factor, make_optimizer, mixed_precision, optimizer_step,
     select_device, training_precision)
 
-_all_ = ["T_975", "mean_interval", "summarize", "sweep_summary", "markdown_table",
-         "figure_digest"]
-
 # %% auto #0
 __all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'DEMO_LOSS', 'window_starts', 'token_losses', 'evaluation_segments', 'NotApplicable',
            'extend_to_length', 'ExtrapolationConfig', 'training_place', 'train_model', 'evaluate_lengths',
            'run_experiment', 'results_table', 'headline_table', 'window_dependence_bound', 'findings',
-           'plot_extrapolation', 'save_extrapolation_figure', 'plot_window_sweep', 'outside_window_share', 'T_975',
-           'mean_interval', 'summarize', 'sweep_summary', 'markdown_table', 'figure_digest']
+           'plot_extrapolation', 'save_extrapolation_figure', 'plot_window_sweep', 'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is
