@@ -463,10 +463,11 @@ DEMO_LOSS = 1.507
 
 
 def window_dependence_bound(sweep: dict[int, dict]) -> float | None:
-    """The largest difference between two windows' mean losses that `sweep_summary`'s
-    intervals leave possible: max over pairs of |mean_a - mean_b| plus
-    sqrt(ci_a^2 + ci_b^2), the 95% half-width of a difference of two independent
-    means. None without two windows of several seeds."""
+    r"""The largest difference between two windows' mean losses that `sweep_summary`'s
+    intervals leave possible,
+    :math:`\max_{a < b} \lvert \bar x_a - \bar x_b \rvert + \sqrt{c_a^2 + c_b^2}` with
+    :math:`c` the half-widths of the 95% intervals (that of a difference of two
+    independent means). None without two windows of several seeds."""
     if len(sweep) < 2 or any(entry["ci"] is None for entry in sweep.values()):
         return None
     return max(abs(a["mean"] - b["mean"]) + (a["ci"] ** 2 + b["ci"] ** 2) ** 0.5
