@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import platform
 import subprocess
-from dataclasses import field
+import time
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
@@ -15,20 +17,16 @@ from typing import Callable
 import torch
 
 import aftalibi
-from aftalibi.runs import (
-    check_writable,
-    load_checkpoint,
-    remove_stale_temporaries,
-    replace_atomically,
-    run_lock,
-    save_checkpoint,
-    sigterm_stops_like_ctrl_c,
-)
+from .runs import (
+    check_writable, load_checkpoint, model_from_checkpoint, remove_stale_temporaries,
+    replace_atomically, run_lock, save_checkpoint, sigterm_stops_like_ctrl_c)
 
 # %% auto #0
-__all__ = ['RESULTS_FORMAT', 'MODES', 'option', 'require', 'jsonable', 'config_from_json', 'differences', 'git_commit',
-           'device_name', 'run_record', 'check_results', 'save_results', 'load_results', 'check_same_training',
-           'open_results', 'results_files_held', 'saved_model_path', 'save_model', 'load_saved_model']
+__all__ = ['RESULTS_FORMAT', 'MODES', 'T_975', 'option', 'require', 'check_fields', 'jsonable', 'config_from_json', 'differences',
+           'git_commit', 'device_name', 'run_record', 'check_results', 'save_results', 'load_results',
+           'check_same_training', 'open_results', 'results_files_held', 'saved_model_path', 'save_model',
+           'load_saved_model', 'ExperimentRun', 'experiment_run', 'markdown_table', 'mean_interval', 'summarize',
+           'sweep_summary', 'seed_spread', 'compare_seeds', 'seed_changes', 'figure_digest', 'save_figure']
 
 # %% ../notebooks/12_experiment_files.ipynb #1f69fed2
 def option(default, help_text: str):
@@ -40,6 +38,36 @@ def require(condition: bool, message: str) -> None:
     """A configuration's check: ValueError(`message`) where `condition` fails."""
     if not condition:
         raise ValueError(message)
+
+
+def check_fields(config, *, positive: str = "", nonempty: str = "", distinct: str = "",
+                 choices: dict[str, tuple] | None = None) -> None:
+    """Check a configuration dataclass against a table of rules, each a string of field
+    names: `positive` are integers >= 1 (tuples: each value), `nonempty` tuples hold a
+    value, `distinct` tuples do not repeat one, and each field of `choices` is one of
+    its allowed values (a tuple: each value). Tuple fields given as lists (JSON, the
+    command line) become tuples first. The first broken rule is one ValueError line."""
+    for spec in fields(config):
+        if isinstance(spec.default, tuple):
+            setattr(config, spec.name, tuple(getattr(config, spec.name)))
+    for name in positive.split():
+        value = getattr(config, name)
+        values = value if isinstance(value, tuple) else (value,)
+        require(all(v >= 1 for v in values), f"{name} must be >= 1, got {value}")
+    for name in nonempty.split():
+        require(getattr(config, name), f"{name} must not be empty")
+    for name in distinct.split():
+        value = getattr(config, name)
+        require(len(set(value)) == len(value), f"{name} must not repeat, got {value}")
+    for name, allowed in (choices or {}).items():
+        value = getattr(config, name)
+        if isinstance(value, tuple):
+            unknown = [item for item in value if item not in allowed]
+            require(not unknown, f"unknown {name} {unknown}; choose among "
+                    f"{', '.join(allowed)}")
+        else:
+            require(value in allowed, f"{name} must be {' or '.join(allowed)}, got "
+                    f"{value!r}")
 
 
 def jsonable(value):
@@ -59,11 +87,9 @@ def config_from_json(cls, configuration: dict):
 
 def differences(old: dict, new: dict) -> str:
     """`name: old there, new here` for every field where two configurations differ."""
-    return "; ".join(
-        f"{name}: {old.get(name)!r} there, {new.get(name)!r} here"
-        for name in sorted(set(old) | set(new))
-        if old.get(name) != new.get(name)
-    )
+    return "; ".join(f"{name}: {old.get(name)!r} there, {new.get(name)!r} here"
+                     for name in sorted(set(old) | set(new))
+                     if old.get(name) != new.get(name))
 
 # %% ../notebooks/12_experiment_files.ipynb #34e83ba9
 def git_commit() -> str | None:
@@ -331,3 +357,182 @@ def load_saved_model(file: Path, identity: dict, device: torch.device,
         "on",
     )
     return saved
+
+# %% ../notebooks/12_experiment_files.ipynb #664618d5
+@dataclass
+class ExperimentRun:
+    """What the steps of one run share: its results (saved after every model), its
+    results file and models' folder (None: not written), the device and precision it
+    trains in, and its log."""
+
+    results: dict
+    path: Path | None
+    models: Path | None
+    device: torch.device
+    precision: str
+    log: Callable[[str], None]
+
+    def save(self) -> None:
+        if self.path is not None:
+            save_results(self.results, self.path)
+
+    def timed(self, work: Callable):
+        """`work()` and its seconds, which are added to the file's wall_seconds."""
+        began = time.perf_counter()
+        value = work()
+        seconds = time.perf_counter() - began
+        self.results["wall_seconds"] += seconds
+        return value, seconds
+
+    def model(self, name: dict, train: Callable, checkpoint: dict):
+        """The model `name` ({"variant", "seed", "window"}), its last training loss and
+        its training seconds: loaded from the models' folder where a run of this
+        configuration saved it, else `train()` -> (model, loss), timed, and saved there
+        with `checkpoint`, what else its file holds."""
+        identity = {"config": self.results["config"], **name}
+        file = None if self.models is None else saved_model_path(self.models, **name)
+        saved = None if file is None else load_saved_model(file, identity, self.device,
+                                                           self.precision)
+        if saved is not None:  # read onto the CPU, evaluated on this run's device
+            self.log(f"{file}: saved by an earlier run of this configuration, loaded "
+                     "instead of trained again")
+            model = model_from_checkpoint(saved)[0].to(self.device)
+            return model, saved["train_loss"], saved["train_seconds"]
+        (model, loss), seconds = self.timed(train)
+        if file is not None:
+            saved = {**checkpoint, "model": model.state_dict(), "train_loss": loss,
+                     "train_seconds": seconds}
+            save_model(file, saved, identity, self.device, self.precision)
+        return model, loss, seconds
+
+
+@contextlib.contextmanager
+def experiment_run(path, models, configuration: dict, extension: str | None,
+                   command: str, device: torch.device, precision: str,
+                   log: Callable[[str], None]):
+    """Open one run of `configuration` on the results file `path` and the models'
+    folder `models` (each may be None), recorded as `command`: yields its
+    ExperimentRun, and marks the results complete and saves them when the body ends
+    without an error."""
+    path, models = (None if where is None else Path(where) for where in (path, models))
+    with results_files_held(path, models):
+        results = open_results(path, configuration, extension, device, precision, log)
+        results["runs"].append(run_record(command, device, precision))
+        log(f"training on {device_name(device)} in {precision}")
+        run = ExperimentRun(results, path, models, device, precision, log)
+        yield run
+        results["complete"] = True
+        run.save()
+
+# %% ../notebooks/12_experiment_files.ipynb #f523486c
+def markdown_table(header: list[str], rows: list[list]) -> str:
+    """A Markdown table: `header`, then `rows` (cells converted with str)."""
+    lines = [header, ["---"] * len(header), *rows]
+    return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in lines)
+
+
+# Student's t quantile t_{0.975, df} for df = 1 .. 10; beyond 10 degrees of freedom the
+# df = 10 value is used (slightly too wide).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+
+
+def mean_interval(values: list[float]) -> dict:
+    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None
+    for one value), "seeds"}."""
+    n = len(values)
+    mean = sum(values) / n
+    ci = None
+    if n > 1:  # t_{0.975, n-1} s / sqrt(n)
+        sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n**0.5
+    return {"mean": mean, "low": min(values), "high": max(values), "ci": ci, "seeds": n}
+
+
+def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
+    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation
+    mode, variants in run order."""
+    require(mode in MODES, f"mode must be one of {MODES}, got {mode!r}")
+    grouped: dict[str, dict[int, list[dict]]] = {}
+    for r in results["evaluations"]:
+        if r["mode"] == mode:
+            grouped.setdefault(r["variant"], {}).setdefault(r["length"], []).append(r)
+    summary = {}
+    for variant, by_length in grouped.items():
+        summary[variant] = {}
+        for length, records in sorted(by_length.items()):
+            losses = [r["loss"] for r in records if r["loss"] is not None]
+            summary[variant][length] = (mean_interval(losses) if losses
+                                        else {"reason": records[0]["reason"]})
+    return summary
+
+
+def sweep_summary(results: dict) -> dict[int, dict]:
+    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest
+    first."""
+    by_window: dict[int, list[float]] = {}
+    for record in results["sweep"]:
+        by_window.setdefault(record["window"], []).append(record["loss"])
+    return {w: mean_interval(values) for w, values in sorted(by_window.items())}
+
+
+def seed_spread(entry: dict) -> str:
+    """A mean_interval's seeds as text: "1 seed", or "3 seeds, range 1.5 to 1.6"."""
+    if entry["seeds"] == 1:
+        return "1 seed"
+    return f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
+
+
+def compare_seeds(name_a: str, a: dict, name_b: str, b: dict) -> str:
+    """Two mean_intervals compared: "b 1.600 (..) is below a 1.650 (..) by 0.050", then
+    whether their seeds separate them (every seed of one below every seed of the
+    other), overlap, or are too few to tell."""
+    (low_name, low), (high_name, high) = sorted(((name_a, a), (name_b, b)),
+                                                key=lambda item: item[1]["mean"])
+    if a["seeds"] < 2 or b["seeds"] < 2:
+        verdict = "one seed on a side, no spread to judge it by yet"
+    elif low["high"] < high["low"]:
+        verdict = "every seed of one below every seed of the other"
+    else:
+        verdict = "the seeds' ranges overlap: not separated at this number of seeds"
+    return (f"{low_name} {low['mean']:.3f} ({seed_spread(low)}) is below {high_name} "
+            f"{high['mean']:.3f} ({seed_spread(high)}) by "
+            f"{high['mean'] - low['mean']:.3f}; {verdict}")
+
+
+def seed_changes(results: dict, variant: str, before: tuple[int, str],
+                 after: tuple[int, str]) -> str | None:
+    """Loss at `after` minus loss at `before` ((length, mode) pairs), per seed of
+    `variant` that has both, as text; None where no seed has both."""
+    losses = {(r["seed"], r["length"], r["mode"]): r["loss"]
+              for r in results["evaluations"]
+              if r["variant"] == variant and r["loss"] is not None}
+    changes = [losses[(s, *after)] - losses[(s, *before)]
+               for s in sorted({seed for seed, _, _ in losses})
+               if (s, *before) in losses and (s, *after) in losses]
+    if not changes:
+        return None
+    return (f"{sum(changes) / len(changes):+.4f} on average, per seed "
+            f"{', '.join(f'{c:+.4f}' for c in changes)}: lower in "
+            f"{sum(c < 0 for c in changes)} of {len(changes)} "
+            f"seed{'s' if len(changes) > 1 else ''}")
+
+
+def figure_digest(results: dict) -> str:
+    """The SHA-256 of what the experiment's figure draws: the configuration and every
+    evaluation."""
+    drawn = {"config": results["config"], "evaluations": results["evaluations"]}
+    return hashlib.sha256(json.dumps(drawn, sort_keys=True).encode()).hexdigest()
+
+
+def save_figure(figure, results: dict, path) -> Path:
+    """Save the matplotlib `figure` drawn from `results` as the PNG `path` at 100 dpi,
+    with `figure_digest(results)` and matplotlib's version in its metadata, and close
+    it."""
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    metadata = {"Software": None, "aftalibi-results": figure_digest(results),
+                "matplotlib": matplotlib.__version__}
+    figure.savefig(path, dpi=100, metadata=metadata)
+    plt.close(figure)
+    return Path(path)

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable
@@ -15,11 +14,14 @@ from torch import Tensor
 
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
-# The results file and the guarantees of a run: Appendix E (notebook 12).
+# The results file, the frame of a run and the tables' pieces: Appendix E (notebook 12);
+# the names that lived here before are still importable from here.
 from .experiment_files import (
-    MODES, RESULTS_FORMAT, check_results, device_name, jsonable, load_results,
-    load_saved_model, open_results, option, require, results_files_held, run_record,
-    save_model, save_results, saved_model_path)
+    MODES, RESULTS_FORMAT, T_975, ExperimentRun, check_fields, check_results,
+    compare_seeds, device_name, experiment_run, figure_digest, jsonable, load_results,
+    load_saved_model, markdown_table, mean_interval, open_results, option, require,
+    results_files_held, run_record, save_figure, save_model, save_results,
+    saved_model_path, seed_changes, seed_spread, summarize, sweep_summary)
 from .model import LanguageModel, ModelConfig
 from .runs import TrainingDiverged, model_from_checkpoint
 from .train import (
@@ -27,11 +29,10 @@ from .train import (
     select_device, training_precision)
 
 # %% auto #0
-__all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'T_975', 'DEMO_LOSS', 'window_starts', 'token_losses', 'evaluation_segments',
-           'NotApplicable', 'extend_to_length', 'ExtrapolationConfig', 'training_place', 'train_model',
-           'evaluate_lengths', 'run_experiment', 'mean_interval', 'summarize', 'sweep_summary', 'markdown_table',
-           'results_table', 'headline_table', 'window_dependence_bound', 'findings', 'plot_extrapolation',
-           'figure_digest', 'save_extrapolation_figure', 'plot_window_sweep', 'outside_window_share']
+__all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'DEMO_LOSS', 'window_starts', 'token_losses', 'evaluation_segments', 'NotApplicable',
+           'extend_to_length', 'ExtrapolationConfig', 'training_place', 'train_model', 'evaluate_lengths',
+           'run_experiment', 'results_table', 'headline_table', 'window_dependence_bound', 'findings',
+           'plot_extrapolation', 'save_extrapolation_figure', 'plot_window_sweep', 'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is
@@ -52,40 +53,26 @@ VARIANTS = {
 
 # %% ../notebooks/07_extrapolation.ipynb #4d378d94
 def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
-    """First target of each evaluation window over `n_targets` targets, `[n_windows]`.
-
-    Window k covers targets [k stride, k stride + window). The first window scores all
-    of its targets and every later one only its last `stride`, so the targets
-    0 .. n_scored - 1 are scored exactly once, with
-    n_scored = window + stride (n_windows - 1).
-    """
-    require(
-        window >= 1 and 1 <= stride <= window,
-        "need window >= 1 and 1 <= stride <= "
-        f"window, got window={window}, stride={stride}",
-    )
+    """First target of each evaluation window over `n_targets` targets, `[n_windows]`:
+    window k covers targets [k stride, k stride + window) and scores all of them (k = 0)
+    or its last `stride`, so the first window + stride (n_windows - 1) targets are each
+    scored once."""
+    require(window >= 1 and 1 <= stride <= window, "need window >= 1 and 1 <= stride "
+            f"<= window, got window={window}, stride={stride}")
     require(n_targets >= window, f"need at least window={window} targets (window + 1 "
             f"tokens), got {n_targets}")
     return torch.arange((n_targets - window) // stride + 1) * stride
 
 
 @torch.no_grad()
-def token_losses(
-    model: LanguageModel,
-    tokens: Tensor,
-    window: int,
-    stride: int | None = None,
-    *,
-    batch_tokens: int = 8192,
-) -> Tensor:
+def token_losses(model: LanguageModel, tokens: Tensor, window: int,
+                 stride: int | None = None, *, batch_tokens: int = 8192) -> Tensor:
     """Cross-entropy (nats) of each scored next-token target of `tokens` (`[N]` ids), in
     order: `[n_scored]`. stride = window (the default) is the non-overlapping
     evaluation; a smaller stride slides the window. `batch_tokens // window` windows go
     through the model at once."""
-    require(
-        tokens.ndim == 1,
-        f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}",
-    )
+    require(tokens.ndim == 1, f"tokens must be 1-D `[N]` ids, got shape "
+            f"{tuple(tokens.shape)}")
     stride = window if stride is None else stride
     starts = window_starts(len(tokens) - 1, window, stride)
     positions = starts[:, None] + torch.arange(window)  # [n_windows, window]
@@ -95,17 +82,12 @@ def token_losses(
     for first in range(0, len(starts), per_batch):
         rows = positions[first : first + per_batch]  # [b, window]
         logits, _ = model(tokens[rows].to(device))  # [b, window, vocab]
-        losses = F.cross_entropy(
-            logits.transpose(1, 2).float(),
-            tokens[rows + 1].to(device),
-            reduction="none",
-        )  # [b, window]
+        losses = F.cross_entropy(logits.transpose(1, 2).float(),  # [b, window]
+                                 tokens[rows + 1].to(device), reduction="none")
         if first == 0:  # the first window scores every target it has
             scored.append(losses[0])
             losses = losses[1:]
-        scored.append(
-            losses[:, window - stride :].flatten()
-        )  # the last `stride` of each
+        scored.append(losses[:, window - stride :].flatten())  # their last `stride`
     model.train(was_training)
     return torch.cat(scored).cpu()
 
@@ -114,15 +96,10 @@ def evaluation_segments(tokens: Tensor, n_segments: int, segment_len: int) -> Te
     """`n_segments` stretches of `segment_len` targets (`segment_len + 1` tokens) spread
     evenly over `tokens`, the first at the start and the last at the end:
     `[n_segments, segment_len + 1]`."""
-    require(
-        tokens.ndim == 1,
-        f"tokens must be 1-D `[N]` ids, got shape {tuple(tokens.shape)}",
-    )
-    require(
-        n_segments >= 1 and segment_len >= 1,
-        "need n_segments >= 1 and segment_len >= "
-        f"1, got {n_segments} and {segment_len}",
-    )
+    require(tokens.ndim == 1, f"tokens must be 1-D `[N]` ids, got shape "
+            f"{tuple(tokens.shape)}")
+    require(n_segments >= 1 and segment_len >= 1, "need n_segments >= 1 and "
+            f"segment_len >= 1, got {n_segments} and {segment_len}")
     require(n_segments * (segment_len + 1) <= len(tokens), f"{n_segments} segments of "
             f"{segment_len + 1} tokens do not fit in {len(tokens)} tokens")
     last_start = len(tokens) - segment_len - 1
@@ -157,16 +134,13 @@ def extend_to_length(model: LanguageModel, length: int, *,
     if not extend_absolute:
         raise NotApplicable(
             f"{config.mixer} has one bias per pair of absolute positions below "
-            f"{limit}; positions {limit}..{length - 1} have none"
-        )
+            f"{limit}; positions {limit}..{length - 1} have none")
     window = config.window if config.mixer == "aft-local" else limit
-    extended = LanguageModel(
-        replace(config, mixer="aft-local", window=window, max_len=length)
-    )
+    extended = LanguageModel(replace(config, mixer="aft-local", window=window,
+                                     max_len=length))
     wanted = extended.state_dict().keys()
-    state = {
-        name: value for name, value in model.state_dict().items() if name in wanted
-    }
+    state = {name: value for name, value in model.state_dict().items()
+             if name in wanted}
     rows = torch.arange(length).clamp(max=limit - 1)  # t reads row min(t, L - 1)
     for i, block in enumerate(model.blocks):
         layer = block.mixer.layer
@@ -177,9 +151,16 @@ def extend_to_length(model: LanguageModel, length: int, *,
     return extended.to(next(model.parameters()).device)
 
 # %% ../notebooks/07_extrapolation.ipynb #785f90de
-_POSITIVE = ("train_len", "d_model", "n_layers", "n_heads", "d_ff", "window",
-             "factor_dim", "steps", "batch_size", "eval_tokens", "eval_segments",
-             "slide_divisor")
+# What each option must be on its own, a table that Appendix E's `check_fields` checks
+# with one line per broken rule; the rules that tie options together are below.
+_OPTION_RULES = dict(
+    positive="train_len d_model n_layers n_heads d_ff window factor_dim steps "
+    "batch_size eval_tokens eval_segments slide_divisor factors sweep_windows",
+    nonempty="factors variants", distinct="variants seeds",
+    choices={"variants": tuple(VARIANTS), "sweep_variant": ("aft-local", "aft-conv")})
+# The options a model's TrainConfig takes from the experiment's, by the same name.
+_SCHEDULE_OPTIONS = ("batch_size", "optimizer", "learning_rate", "muon_learning_rate",
+                     "min_learning_rate", "warmup_steps", "weight_decay", "precision")
 
 
 @dataclass
@@ -217,34 +198,15 @@ class ExtrapolationConfig:
     sweep_seeds: tuple[int, ...] = option((0, 1, 2), "seeds of each window")
 
     def __post_init__(self):
-        for name in ("factors", "variants", "seeds", "sweep_windows", "sweep_seeds"):
-            setattr(self, name, tuple(getattr(self, name)))
-        for name in _POSITIVE:
-            value = getattr(self, name)
-            require(value >= 1, f"{name} must be >= 1, got {value}")
-        require(self.factors and min(self.factors) >= 1,
-                f"factors must be integers >= 1, got {self.factors}")
-        unknown = [
-            v for v in self.variants + (self.sweep_variant,) if v not in VARIANTS
-        ]
-        require(not unknown and self.variants,
-                f"unknown variant(s) {unknown}; choose among {', '.join(VARIANTS)}")
-        require(len(set(self.variants)) == len(self.variants)
-                and len(set(self.seeds)) == len(self.seeds), "variants and seeds must "
-                f"not repeat, got {self.variants} and {self.seeds}")
-        require(self.sweep_variant in ("aft-local", "aft-conv"), "sweep_variant must "
-                f"be aft-local or aft-conv, got {self.sweep_variant!r}")
+        check_fields(self, **_OPTION_RULES)
         require(self.seeds and (self.sweep_seeds or not self.sweep_windows), "seeds "
                 "(and sweep_seeds when there is a sweep) must name at least one seed")
         require(self.factor_dim < self.train_len, f"factor_dim={self.factor_dim} must "
                 f"be below train_len={self.train_len}: at or above it, AFT-full's "
                 "factors U, V have more parameters than a dense w")
-        require(not self.sweep_windows or min(self.sweep_windows) >= 1,
-                f"sweep_windows must be >= 1, got {self.sweep_windows}")
-        for length in self.lengths:
-            require(length % self.slide_divisor == 0, f"slide_divisor="
-                    f"{self.slide_divisor} must divide every evaluation length, not "
-                    f"{length}")
+        odd = [str(length) for length in self.lengths if length % self.slide_divisor]
+        require(not odd, f"slide_divisor={self.slide_divisor} must divide every "
+                f"evaluation length, not {', '.join(odd)}")
         longest = self.lengths[-1]
         require(self.eval_tokens % (self.eval_segments * longest) == 0,
                 f"eval_tokens={self.eval_tokens} must be a multiple of eval_segments="
@@ -261,12 +223,9 @@ class ExtrapolationConfig:
 
     def schedule(self, seed: int) -> TrainConfig:
         """The optimizer, schedule and precision of one model, as `train` runs them."""
-        return TrainConfig(
-            seq_len=self.train_len, batch_size=self.batch_size, max_steps=self.steps,
-            learning_rate=self.learning_rate, min_learning_rate=self.min_learning_rate,
-            warmup_steps=self.warmup_steps, weight_decay=self.weight_decay,
-            optimizer=self.optimizer, muon_learning_rate=self.muon_learning_rate,
-            precision=self.precision, seed=seed)
+        same = {name: getattr(self, name) for name in _SCHEDULE_OPTIONS}
+        return TrainConfig(seq_len=self.train_len, max_steps=self.steps, seed=seed,
+                           **same)
 
     def validation_segments(self, corpus: Corpus) -> Tensor:
         """The evaluation stretches of the validation plays:
@@ -282,17 +241,12 @@ class ExtrapolationConfig:
         """The model of `variant`; with `match_parameters`, its MLP width is the one
         that brings its parameter count nearest that of `mha-none` at `d_ff`, whatever
         the window."""
-        shared = dict(
-            vocab_size=vocab_size,
-            d_model=self.d_model,
-            max_len=self.train_len,
-            n_layers=self.n_layers,
-            n_heads=self.n_heads,
-            factor_dim=self.factor_dim,
-        )
+        shared = dict(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads,
+                      n_layers=self.n_layers, max_len=self.train_len,
+                      factor_dim=self.factor_dim)
         config = ModelConfig(**shared, **VARIANTS[variant], d_ff=self.d_ff,
                              window=self.window)
-        if self.match_parameters:
+        if self.match_parameters:  # d_ff + (N_target - N) / (parameters per d_ff unit)
             target = _parameter_count(ModelConfig(**shared, **VARIANTS["mha-none"],
                                                   d_ff=self.d_ff))
             count = _parameter_count(config)
@@ -315,13 +269,9 @@ def training_place(device: str | torch.device = "auto",
     return device, training_precision(precision, device)
 
 
-def train_model(
-    model_config: ModelConfig,
-    config: ExtrapolationConfig,
-    train_tokens: Tensor,
-    seed: int,
-    device: str | torch.device = "auto",
-) -> tuple[LanguageModel, float]:
+def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
+                train_tokens: Tensor, seed: int,
+                device: str | torch.device = "auto") -> tuple[LanguageModel, float]:
     """Train one model on random `train_len` windows with `train`'s recipe; returns it
     and its last training loss. `seed` fixes the initialisation and the batches (both
     drawn on the CPU), so two variants with one seed see the same characters in the
@@ -344,14 +294,13 @@ def train_model(
             _, loss = model(inputs.to(device), targets.to(device))
         optimizer_step(loss, model, optimizer, scaler, schedule.grad_clip)
     last_loss = loss.item()
-    finite = all(torch.isfinite(p).all() for p in model.parameters())
-    if not (math.isfinite(last_loss) and finite):
+    if not (math.isfinite(last_loss)
+            and all(torch.isfinite(p).all() for p in model.parameters())):
         raise TrainingDiverged(
             f"{model_config.mixer} (seed {seed}) diverged: its training loss is "
             f"{last_loss} at step {schedule.max_steps}, or its weights hold nan or "
-            "inf; the results of the models before it are kept, and no result of it is "
-            "written"
-        )
+            "inf; the results of the models before it are kept, and no result of it "
+            "is written")
     return model, last_loss
 
 # %% ../notebooks/07_extrapolation.ipynb #0df094c0
@@ -363,27 +312,16 @@ def evaluate_lengths(model: LanguageModel, segments: Tensor,
     records = []
     for length in config.lengths:
         try:
-            runnable = extend_to_length(
-                model, length, extend_absolute=config.extend_absolute
-            )
+            runnable = extend_to_length(model, length,
+                                        extend_absolute=config.extend_absolute)
             reason = None
         except NotApplicable as error:
             runnable, reason = None, str(error)
         for mode, stride in zip(MODES, (length, length // config.slide_divisor)):
-            loss = (
-                None
-                if runnable is None
-                else _mean_loss(runnable, segments, length, stride)
-            )
-            records.append(
-                {
-                    "length": length,
-                    "mode": mode,
-                    "stride": stride,
-                    "loss": loss,
-                    "reason": reason,
-                }
-            )
+            loss = None if runnable is None else _mean_loss(runnable, segments, length,
+                                                            stride)
+            records.append({"length": length, "mode": mode, "stride": stride,
+                            "loss": loss, "reason": reason})
     return records
 
 
@@ -399,105 +337,46 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
                    log: Callable[[str], None] = print,
                    device: str | torch.device = "auto") -> dict:
     """Train every variant and seed, evaluate each at every length, then the window
-    sweep; returns the results.
-
-    With `path`, the results so far are written there (atomically) after every model,
-    and a file that already holds results of the same configuration is continued: its
-    finished models are skipped, and `command` is added to its runs. With `models` (a
-    folder), every model is saved there as a checkpoint (`saved_model_path`), and a
-    model saved there by a run of the same configuration is loaded, not trained. Every
-    model trains on `device` in the precision `config.precision` means there
-    (`training_place`); evaluation runs in float32. A file or model of another
-    configuration, device or precision is refused, never overwritten; the outputs are
-    checked before any work and the results file is locked for the run (Appendix E).
-    """
-    path, models = (None if where is None else Path(where) for where in (path, models))
+    sweep; returns the results. With `path`, they are saved there after every model and
+    a file of this configuration is continued (`command` is added to its runs); with
+    `models` (a folder), every model is saved there and one saved by a run of this
+    configuration is loaded, not trained (Appendix E's `experiment_run`). Models train
+    on `device` in the precision `config.precision` means there (`training_place`);
+    evaluation runs in float32."""
     device, precision = training_place(device, config.precision)
-    with results_files_held(path, models):
-        extension = RELATIVE_EXTENSION if config.extend_absolute else None
-        results = open_results(
-            path, jsonable(asdict(config)), extension, device, precision, log
-        )
-        results["runs"].append(run_record(command, device, precision))
-        log(f"training on {device_name(device)} in {precision}")
+    extension = RELATIVE_EXTENSION if config.extend_absolute else None
+    with experiment_run(path, models, jsonable(asdict(config)), extension, command,
+                        device, precision, log) as run:
         corpus = load_corpus(config.corpus)
-        run = _Run(config, results, path, models, corpus, device, precision, log)
         segments = config.validation_segments(corpus)  # [K, S + 1]
-        _main_models(run, segments)
-        _window_sweep(run, segments)
-        results["complete"] = True
-        run.save()
-        return results
+        _main_models(run, config, corpus, segments)
+        _window_sweep(run, config, corpus, segments)
+    return run.results
 
 
-@dataclass
-class _Run:
-    """What the steps of one `run_experiment` share."""
-
-    config: ExtrapolationConfig
-    results: dict
-    path: Path | None
-    models: Path | None
-    corpus: Corpus
-    device: torch.device
-    precision: str
-    log: Callable[[str], None]
-
-    def save(self) -> None:
-        if self.path is not None:
-            save_results(self.results, self.path)
-
-    def timed(self, work: Callable):
-        """`work()` and its seconds, which are added to the file's wall_seconds."""
-        began = time.perf_counter()
-        value = work()
-        seconds = time.perf_counter() - began
-        self.results["wall_seconds"] += seconds
-        return value, seconds
-
-
-def _trained(run: _Run, variant: str, seed: int,
-             window: int | None = None) -> tuple[LanguageModel, float, float]:
+def _trained(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
+             variant: str, seed: int, window: int | None = None):
     """A model (of the sweep when `window` is given), its last training loss and its
-    training seconds: loaded from `run.models` where a run of this configuration saved
-    it, else trained now (and saved there)."""
-    config, vocab_size = run.config, len(run.corpus.tokenizer)
-    model_config = config.model_config(variant, vocab_size, window=window)
-    identity = {"config": run.results["config"], "variant": variant, "seed": seed,
-                "window": window}
-    file = (
-        None
-        if run.models is None
-        else saved_model_path(run.models, variant, seed, window)
-    )
-    saved = None if file is None else load_saved_model(file, identity, run.device,
-                                                       run.precision)
-    if saved is not None:  # read onto the CPU, evaluated on this run's device
-        run.log(
-            f"{file}: saved by an earlier run of this configuration, loaded instead of "
-            "trained again"
-        )
-        model = model_from_checkpoint(saved)[0].to(run.device)
-        return model, saved["train_loss"], saved["train_seconds"]
-    (model, train_loss), seconds = run.timed(lambda: train_model(
-        model_config, config, run.corpus.tokens("train"), seed, run.device))
-    if file is not None:
-        save_model(file, {"model_config": asdict(model_config),
-                          "train_config": asdict(config.schedule(seed)),
-                          "tokenizer": run.corpus.tokenizer.state_dict(),
-                          "model": model.state_dict(), "step": config.steps,
-                          "train_loss": train_loss, "train_seconds": seconds},
-                   identity, run.device, run.precision)
-    return model, train_loss, seconds
+    training seconds: loaded where a run of this configuration saved it, else trained
+    now, and saved (`ExperimentRun.model`, Appendix E)."""
+    model_config = config.model_config(variant, len(corpus.tokenizer), window=window)
+    checkpoint = {"model_config": asdict(model_config), "step": config.steps,
+                  "train_config": asdict(config.schedule(seed)),
+                  "tokenizer": corpus.tokenizer.state_dict()}
+    return run.model({"variant": variant, "seed": seed, "window": window},
+                     lambda: train_model(model_config, config, corpus.tokens("train"),
+                                         seed, run.device), checkpoint)
 
 
-def _main_models(run: _Run, segments: Tensor) -> None:
+def _main_models(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
+                 segments: Tensor) -> None:
     """Train and evaluate every variant, seed by seed, saving the results after each."""
-    config, results = run.config, run.results
+    results = run.results
     done = {(r["variant"], r["seed"]) for r in results["training"]}
     for seed in config.seeds:
         for variant in [v for v in config.variants if (v, seed) not in done]:
-            model, train_loss, train_seconds = _trained(run, variant, seed)
+            model, train_loss, train_seconds = _trained(run, config, corpus, variant,
+                                                        seed)
             records, eval_seconds = run.timed(
                 lambda: evaluate_lengths(model, segments, config))
             results["training"].append({
@@ -514,118 +393,51 @@ def _main_models(run: _Run, segments: Tensor) -> None:
                     f"training, {eval_seconds:.0f} s evaluation)")
 
 
-def _window_sweep(run: _Run, segments: Tensor) -> None:
+def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
+                  segments: Tensor) -> None:
     """Train the sweep's models and score each at L; a sweep model identical to a main
     model (same variant, window and seed) is that model, not trained twice."""
-    config, results = run.config, run.results
+    results, variant = run.results, config.sweep_variant
     at_train_len = {(r["variant"], r["seed"]): r["loss"] for r in results["evaluations"]
                     if r["length"] == config.train_len and r["mode"] == MODES[0]}
     done = {(r["window"], r["seed"]) for r in results["sweep"]}
-    vocab_size = len(run.corpus.tokenizer)
     for seed in config.sweep_seeds:
         for window in [w for w in config.sweep_windows if (w, seed) not in done]:
-            model_config = config.model_config(config.sweep_variant, vocab_size, window)
+            model_config = config.model_config(variant, len(corpus.tokenizer), window)
             loss, seconds = None, 0.0
             if window == config.window:
-                loss = at_train_len.get((config.sweep_variant, seed))
+                loss = at_train_len.get((variant, seed))
             reused = loss is not None
             if not reused:
-                model, _, seconds = _trained(run, config.sweep_variant, seed, window)
+                model, _, seconds = _trained(run, config, corpus, variant, seed, window)
                 loss, score_seconds = run.timed(
                     lambda: _mean_loss(model, segments, config.train_len))
                 seconds += score_seconds
             results["sweep"].append({
-                "variant": config.sweep_variant, "window": window, "seed": seed,
-                "loss": loss, "parameters": _parameter_count(model_config),
-                "d_ff": model_config.d_ff, "seconds": seconds, "reused": reused})
+                "variant": variant, "window": window, "seed": seed, "loss": loss,
+                "parameters": _parameter_count(model_config), "d_ff": model_config.d_ff,
+                "seconds": seconds, "reused": reused})
             run.save()
-            run.log(
-                f"sweep {config.sweep_variant} window {window} seed {seed}: {loss:.3f} "
-                f"at L={config.train_len}"
-                + (" (the main model's)" if reused else f" ({seconds:.0f} s)")
-            )
+            run.log(f"sweep {variant} window {window} seed {seed}: {loss:.3f} at "
+                    f"L={config.train_len}"
+                    + (" (the main model's)" if reused else f" ({seconds:.0f} s)"))
 
 # %% ../notebooks/07_extrapolation.ipynb #b4d6ccf5
-# Student's t quantile t_{0.975, df} for df = 1 .. 10: a 95% confidence interval of a
-# mean of df + 1 seeds is mean ± t sd / sqrt(n). Beyond 10 degrees of freedom the
-# df = 10 value is used (slightly too wide).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
-
-
-def mean_interval(values: list[float]) -> dict:
-    """{"mean", "low", "high" (the range), "ci" (half-width of the 95% t interval; None
-    for one value), "seeds"}."""
-    n = len(values)
-    mean = sum(values) / n
-    ci = None
-    if n > 1:
-        sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
-        ci = T_975[min(n - 1, len(T_975)) - 1] * sd / n**0.5
-    return {"mean": mean, "low": min(values), "high": max(values), "ci": ci, "seeds": n}
-
-
-def summarize(results: dict, mode: str) -> dict[str, dict[int, dict]]:
-    """{variant: {length: mean_interval over seeds, or {"reason"}}} for one evaluation
-    mode, variants in run order."""
-    require(mode in MODES, f"mode must be one of {MODES}, got {mode!r}")
-    grouped: dict[str, dict[int, list[dict]]] = {}
-    for r in results["evaluations"]:
-        if r["mode"] == mode:
-            grouped.setdefault(r["variant"], {}).setdefault(r["length"], []).append(r)
-    summary = {}
-    for variant, by_length in grouped.items():
-        summary[variant] = {}
-        for length, records in sorted(by_length.items()):
-            losses = [r["loss"] for r in records if r["loss"] is not None]
-            summary[variant][length] = (mean_interval(losses) if losses
-                                        else {"reason": records[0]["reason"]})
-    return summary
-
-
-def sweep_summary(results: dict) -> dict[int, dict]:
-    """{window: mean_interval of the sweep's losses at L over its seeds}, smallest
-    first."""
-    by_window: dict[int, list[float]] = {}
-    for record in results["sweep"]:
-        by_window.setdefault(record["window"], []).append(record["loss"])
-    return {
-        window: mean_interval(losses) for window, losses in sorted(by_window.items())
-    }
-
-
-def markdown_table(header: list[str], rows: list[list]) -> str:
-    """A Markdown table: `header`, then `rows` (cells converted with str)."""
-    lines = [header, ["---"] * len(header), *rows]
-    return "\n".join("| " + " | ".join(map(str, line)) + " |" for line in lines)
-
-
 def results_table(results: dict, mode: str) -> str:
-    """A Markdown table: one row per variant, its number of seeds, then one column per
-    length: mean ± half the seeds' range, or n/a."""
+    """A Markdown table: one row per variant with its number of seeds, then one column
+    per length: mean ± half the seeds' range (±.004 for ±0.004), or n/a."""
     summary = summarize(results, mode)
     lengths = sorted({length for by_length in summary.values() for length in by_length})
     rows = []
+    seeds = {}
+    for r in results["evaluations"]:
+        seeds.setdefault(r["variant"], set()).add(r["seed"])
     for variant, by_length in summary.items():
-        seeds = len(
-            {r["seed"] for r in results["evaluations"] if r["variant"] == variant}
-        )
-        cells = [
-            by_length.get(length, {"reason": "not evaluated"}) for length in lengths
-        ]
-        rows.append(
-            [f"`{variant}`", seeds]
-            + [
-                (
-                    "n/a"
-                    if "reason" in e
-                    else f"{e['mean']:.3f} ±{(e['high'] - e['low']) / 2:.3f}"
-                )
-                for e in cells
-            ]
-        )
-    return markdown_table(
-        ["variant", "seeds"] + [f"T={length}" for length in lengths], rows
-    )
+        cells = [by_length.get(n, {"reason": "not evaluated"}) for n in lengths]
+        rows.append([f"`{variant}` ({len(seeds[variant])})"] + [
+            "n/a" if "reason" in e else f"{e['mean']:.3f} ±"
+            + f"{(e['high'] - e['low']) / 2:.3f}".removeprefix("0") for e in cells])
+    return markdown_table(["variant (seeds)"] + [f"T={n}" for n in lengths], rows)
 
 
 def headline_table(results: dict) -> str:
@@ -650,49 +462,16 @@ def headline_table(results: dict) -> str:
 DEMO_LOSS = 1.507
 
 
-def _spread(entry: dict) -> str:
-    if entry["seeds"] == 1:
-        return "1 seed"
-    return f"{entry['seeds']} seeds, range {entry['low']:.3f} to {entry['high']:.3f}"
-
-
-def _compare(name_a: str, a: dict, name_b: str, b: dict) -> str:
-    """ "a 1.600 (..) is below b 1.650 (..) by 0.050; <do the seeds separate them>"."""
-    (low_name, low), (high_name, high) = sorted(
-        ((name_a, a), (name_b, b)), key=lambda item: item[1]["mean"])
-    if a["seeds"] < 2 or b["seeds"] < 2:
-        verdict = "one seed on a side, no spread to judge it by yet"
-    elif low["high"] < high["low"]:
-        verdict = "every seed of one below every seed of the other"
-    else:
-        verdict = "the seeds' ranges overlap: not separated at this number of seeds"
-    return (
-        f"{low_name} {low['mean']:.3f} ({_spread(low)}) is below {high_name} "
-        f"{high['mean']:.3f} ({_spread(high)}) by {high['mean'] - low['mean']:.3f}; "
-        f"{verdict}"
-    )
-
-
-def _changes(results: dict, variant: str, before: tuple[int, str],
-             after: tuple[int, str]) -> str | None:
-    """Loss at `after` minus loss at `before` ((length, mode) pairs), per seed of
-    `variant` that has both, as text; None where no seed has both."""
-    losses = {
-        (r["seed"], r["length"], r["mode"]): r["loss"]
-        for r in results["evaluations"]
-        if r["variant"] == variant and r["loss"] is not None
-    }
-    changes = [losses[(s, *after)] - losses[(s, *before)]
-               for s in sorted({seed for seed, _, _ in losses})
-               if (s, *before) in losses and (s, *after) in losses]
-    if not changes:
+def window_dependence_bound(sweep: dict[int, dict]) -> float | None:
+    r"""The largest difference between two windows' mean losses that `sweep_summary`'s
+    intervals leave possible,
+    :math:`\max_{a < b} \lvert \bar x_a - \bar x_b \rvert + \sqrt{c_a^2 + c_b^2}` with
+    :math:`c` the half-widths of the 95% intervals (that of a difference of two
+    independent means). None without two windows of several seeds."""
+    if len(sweep) < 2 or any(entry["ci"] is None for entry in sweep.values()):
         return None
-    lower = sum(change < 0 for change in changes)
-    return (
-        f"{sum(changes) / len(changes):+.4f} on average, per seed "
-        f"{', '.join(f'{c:+.4f}' for c in changes)}: lower in {lower} of "
-        f"{len(changes)} seed{'s' if len(changes) > 1 else ''}"
-    )
+    return max(abs(a["mean"] - b["mean"]) + (a["ci"] ** 2 + b["ci"] ** 2) ** 0.5
+               for u, a in sweep.items() for v, b in sweep.items() if u < v)
 
 
 def _window_findings(results: dict) -> list[str]:
@@ -705,43 +484,22 @@ def _window_findings(results: dict) -> list[str]:
     half = {w: e["ci"] or 0.0 for w, e in sweep.items()}
     overlapping = [f"s={w}" for w in sweep if w != best
                    and sweep[w]["mean"] - half[w] <= sweep[best]["mean"] + half[best]]
-    line = (
-        f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t interval): "
-        + ", ".join(
-            f"s={w} {e['mean']:.3f}"
-            + (f" ±{half[w]:.3f}" if e["ci"] else "")
-            + f" (n={e['seeds']})"
-            for w, e in sweep.items()
-        )
-        + f". Lowest mean at s = {best}; intervals overlapping it: "
-        + (", ".join(overlapping) or "none")
-        + "."
-    )
-    bound = window_dependence_bound(sweep)
-    if bound is None:
-        return [line]
-    return [
-        line,
-        f"Window dependence: a difference between two windows larger than "
-        f"{bound:.3f} nats is ruled out at 95% (the largest difference of two "
-        "means plus the half-width of its interval); smaller ones are not.",
-    ]
-
-
-def window_dependence_bound(sweep: dict[int, dict]) -> float | None:
-    """The largest difference between two windows' mean losses that `sweep_summary`'s
-    intervals leave possible: max over pairs of |mean_a - mean_b| plus
-    sqrt(ci_a^2 + ci_b^2), the 95% half-width of a difference of two independent
-    means. None without two windows of several seeds."""
-    if len(sweep) < 2 or any(entry["ci"] is None for entry in sweep.values()):
-        return None
-    return max(abs(a["mean"] - b["mean"]) + (a["ci"] ** 2 + b["ci"] ** 2) ** 0.5
-               for u, a in sweep.items() for v, b in sweep.items() if u < v)
+    means = ", ".join(f"s={w} {e['mean']:.3f}" + (f" ±{half[w]:.3f}" if e["ci"] else "")
+                      + f" (n={e['seeds']})" for w, e in sweep.items())
+    lines = [f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t "
+             f"interval): {means}. Lowest mean at s = {best}; intervals overlapping "
+             f"it: {', '.join(overlapping) or 'none'}."]
+    if (bound := window_dependence_bound(sweep)) is not None:
+        lines.append(f"Window dependence: a difference between two windows larger than "
+                     f"{bound:.3f} nats is ruled out at 95% (the largest difference of "
+                     "two means plus the half-width of its interval); smaller ones are "
+                     "not.")
+    return lines
 
 
 def findings(results: dict) -> list[str]:
     """The experiment's answers, each computed from `results` (however partial)."""
-    config = results["config"]
+    config, trained = results["config"], results["training"]
     short, long = config["train_len"], config["train_len"] * max(config["factors"])
     flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
 
@@ -749,59 +507,49 @@ def findings(results: dict) -> list[str]:
         entry = summary.get(variant, {}).get(length, {})
         return entry if "mean" in entry else None
 
-    trained = results["training"]
-    per_variant = ", ".join(
-        f"{v} {len({r['seed'] for r in trained if r['variant'] == v})}"
-        for v in config["variants"]
-    )
-    points = len(config["sweep_windows"]) * len(config["sweep_seeds"])
-    lines = [
-        f"Models finished: {len(trained)} of "
-        f"{len(config['variants']) * len(config['seeds'])} (seeds per variant: "
-        f"{per_variant}); window sweep: {len(results['sweep'])} of {points} points."
-    ]
-    alibi, rotary, nope = (
-        at(flat, v, short) for v in ("alibi", "mha-rotary", "mha-none")
-    )
+    def past_L(variant: str, mode_at_L: str = MODES[1]) -> str | None:
+        return seed_changes(results, variant, (short, mode_at_L), (long, MODES[1]))
+
+    seeds = {v: len({r["seed"] for r in trained if r["variant"] == v})
+             for v in config["variants"]}
+    lines = [f"Models finished: {len(trained)} of "
+             f"{len(config['variants']) * len(config['seeds'])} (seeds per variant: "
+             f"{', '.join(f'{v} {n}' for v, n in seeds.items())}); window sweep: "
+             f"{len(results['sweep'])} of "
+             f"{len(config['sweep_windows']) * len(config['sweep_seeds'])} points."]
+    alibi, rotary, nope = (at(flat, v, short)
+                           for v in ("alibi", "mha-rotary", "mha-none"))
     if alibi is None:
         return lines + ["ALiBi: not measured yet."]
     within = "within" if alibi["mean"] <= DEMO_LOSS + 0.12 else "NOT within"
     lines.append(f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} "
-                 f"({_spread(alibi)}), {within} 0.12 of the CPU demo's {DEMO_LOSS}.")
+                 f"({seed_spread(alibi)}), {within} 0.12 of the CPU demo's "
+                 f"{DEMO_LOSS}.")
     ranked = sorted((e["mean"], v) for v in flat if (e := at(flat, v, short)))
     lines.append(f"Ranking at L ({len(ranked)} variants, best first): "
                  + ", ".join(f"{v} {m:.3f}" for m, v in ranked) + ".")
     if rotary is not None:
-        lines.append(
-            f"ALiBi against rotary at L: {_compare('ALiBi', alibi, 'rotary', rotary)}."
-        )
-    beyond = _changes(results, "alibi", (short, MODES[1]), (long, MODES[1]))
-    if beyond and at(sliding, "alibi", long):
-        lines.append(
-            f"ALiBi beyond L: sliding-window loss at {long} = {long // short}L minus "
-            f"at L: {beyond}. Against its non-overlapping loss at L: "
-            f"{_changes(results, 'alibi', (short, MODES[0]), (long, MODES[1]))}."
-        )
+        lines.append(f"ALiBi against rotary at L: "
+                     f"{compare_seeds('ALiBi', alibi, 'rotary', rotary)}.")
+    if (beyond := past_L("alibi")) and at(sliding, "alibi", long):
+        lines.append(f"ALiBi beyond L: sliding-window loss at {long} = "
+                     f"{long // short}L minus at L: {beyond}. Against its "
+                     f"non-overlapping loss at L: {past_L('alibi', MODES[0])}.")
     if nope is not None:
-        place = [v for _, v in ranked].index("mha-none") + 1
-        lines.append(
-            f"NoPE (mha-none) at L: {nope['mean']:.3f} ({_spread(nope)}), place "
-            f"{place} of {len(ranked)}."
-        )
-        past = _changes(results, "mha-none", (short, MODES[1]), (long, MODES[1]))
-        if past and at(sliding, "mha-none", long):
-            lines.append(
-                f"NoPE past L: sliding-window loss at {long // short}L minus at L: "
-                f"{past}."
-            )
-        for variant in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper"):
-            if (entry := at(flat, variant, short)) is not None:
-                lines.append(f"{variant} against NoPE at L: "
-                             f"{_compare(variant, entry, 'NoPE', nope)}.")
+        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({seed_spread(nope)}), "
+                     f"place {[v for _, v in ranked].index('mha-none') + 1} of "
+                     f"{len(ranked)}.")
+        if (past := past_L("mha-none")) and at(sliding, "mha-none", long):
+            lines.append(f"NoPE past L: sliding-window loss at {long // short}L minus "
+                         f"at L: {past}.")
+        lines += [f"{v} against NoPE at L: {compare_seeds(v, entry, 'NoPE', nope)}."
+                  for v in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper")
+                  if (entry := at(flat, v, short)) is not None]
     for variant in config["variants"]:
-        change = _changes(results, variant, (short, MODES[0]), (2 * short, MODES[0]))
-        if change:
-            lines.append(f"{variant} at 2L against L (non-overlapping): {change}.")
+        flat_2L = seed_changes(results, variant, (short, MODES[0]),
+                               (2 * short, MODES[0]))
+        if flat_2L:
+            lines.append(f"{variant} at 2L against L (non-overlapping): {flat_2L}.")
     return lines + _window_findings(results)
 
 # %% ../notebooks/07_extrapolation.ipynb #a40dd49f
@@ -815,77 +563,46 @@ def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None
 
     config = results["config"]
     extended = {"aft-local", "aft-full"} if config["extend_absolute"] else set()
-    figure, axes = plt.subplots(
-        1, 2, figsize=(7.4, 5.2), sharey=True, layout="constrained"
-    )
+    figure, axes = plt.subplots(1, 2, figsize=(7.4, 5.2), sharey=True,
+                                layout="constrained")
     lengths = sorted({r["length"] for r in results["evaluations"]})
     for axis, mode in zip(axes, MODES):
         for variant, by_length in summarize(results, mode).items():
-            measured = [
-                length for length, entry in by_length.items() if "mean" in entry
-            ]
+            measured = [t for t, entry in by_length.items() if "mean" in entry]
             if not measured:
                 continue
             mean, low, high = ([by_length[t][key] for t in measured]
                                for key in ("mean", "low", "high"))
             seeds = min(by_length[t]["seeds"] for t in measured)
             index = config["variants"].index(variant)
-            style = dict(
-                color=plt.get_cmap("tab10")(index % 10),
-                marker=_MARKERS[index % 12],
-                linestyle="--" if variant in extended else "-",
-                markersize=5,
-            )
-            label = f"{variant} ({seeds})" + (
-                ", extended" if variant in extended else ""
-            )
+            style = dict(color=plt.get_cmap("tab10")(index % 10),
+                         marker=_MARKERS[index % 12], markersize=5,
+                         linestyle="--" if variant in extended else "-")
+            label = f"{variant} ({seeds})" + (", extended" * (variant in extended))
             axis.plot(measured, mean, label=label, **style)
             axis.fill_between(measured, low, high, color=style["color"], alpha=0.2)
         axis.axvline(config["train_len"], color="grey", linestyle=":", linewidth=1)
         axis.set_xscale("log", base=2)
         axis.set_xticks(lengths, [str(length) for length in lengths])
         axis.set_xlabel("evaluation length T (characters)")
-        stride = "non-overlapping" if mode == MODES[0] else (
-            f"sliding, stride T/{config['slide_divisor']}")
+        stride = ("non-overlapping" if mode == MODES[0]
+                  else f"sliding, stride T/{config['slide_divisor']}")
         axis.set_title(f"{stride}; trained at L = {config['train_len']}", fontsize=10)
         axis.grid(alpha=0.3)
         if ylim is not None:
             axis.set_ylim(*ylim)
     axes[0].set_ylabel("validation loss (nats per character)")
-    figure.legend(
-        *axes[0].get_legend_handles_labels(),
-        loc="outside lower center",
-        ncol=3,
-        fontsize=9,
-        title_fontsize=9,
-        title="variant (seeds): mean over seeds, "
-        "band: their range; dashed: relative extension past L",
-    )
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
+                  ncol=3, fontsize=9, title_fontsize=9,
+                  title="variant (seeds): mean over seeds, band: their range; dashed: "
+                  "relative extension past L")
     return figure
-
-
-def figure_digest(results: dict) -> str:
-    """The SHA-256 of what `plot_extrapolation` draws: the configuration and every
-    evaluation."""
-    import hashlib
-    import json
-
-    drawn = {"config": results["config"], "evaluations": results["evaluations"]}
-    return hashlib.sha256(json.dumps(drawn, sort_keys=True).encode()).hexdigest()
 
 
 def save_extrapolation_figure(results: dict, path) -> Path:
     """Draw `plot_extrapolation(results)` into the PNG `path` at 100 dpi (Agg), with
-    `figure_digest(results)` and matplotlib's version in its metadata."""
-    import matplotlib
-    import matplotlib.pyplot as plt
-
-    figure = plot_extrapolation(results)
-    metadata = {"Software": None, "aftalibi-results": figure_digest(results),
-                "matplotlib": matplotlib.__version__}
-    figure.savefig(path, dpi=100, metadata=metadata)
-    plt.close(figure)
-    return Path(path)
+    `figure_digest(results)` and matplotlib's version in its metadata (Appendix E)."""
+    return save_figure(plot_extrapolation(results), results, path)
 
 
 def plot_window_sweep(results: dict):
@@ -899,18 +616,15 @@ def plot_window_sweep(results: dict):
         axis.text(0.5, 0.5, "no sweep results yet", ha="center", va="center",
                   transform=axis.transAxes)
         return figure
-    windows = list(summary)
+    windows, train_len = list(summary), results["config"]["train_len"]
     for record in results["sweep"]:
         axis.scatter(record["window"], record["loss"], color="grey", s=14, zorder=3)
     axis.scatter([], [], color="grey", s=14, label="each seed")
     axis.errorbar(windows, [summary[w]["mean"] for w in windows], capsize=4, marker="o",
                   yerr=[summary[w]["ci"] or 0.0 for w in windows],
                   label="mean over seeds, 95% t interval")
-    train_len = results["config"]["train_len"]
     axis.set_xscale("log", base=2)
-    axis.set_xticks(
-        windows, [f"{w} = L" if w == train_len else str(w) for w in windows]
-    )
+    axis.set_xticks(windows, [f"{w} = L" * (w == train_len) or str(w) for w in windows])
     axis.set_xlabel(f"window s of {results['sweep'][0]['variant']} (characters)")
     axis.set_ylabel(f"loss at L = {train_len}\n(nats per character)")
     axis.grid(alpha=0.3)
@@ -919,23 +633,18 @@ def plot_window_sweep(results: dict):
 
 # %% ../notebooks/07_extrapolation.ipynb #eaf1b8ba
 def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
-    """rho_t, the share of each query's AFT weights sum_t' e^{K_t' + w_tt'} on keys
-    outside the window (t - t' >= s, bias 0), averaged over the batch and the channels:
+    r""":math:`\rho_t`, the share of each query's AFT weights
+    :math:`\sum_{t'} e^{K_{t'} + w_{t,t'}}` on keys outside the window
+    (:math:`t - t' \ge s`, bias 0), averaged over the batch and the channels:
     `[n_layers, T]` for tokens `[B, T]`. Every mixer of `model` must be a causal
     AFT-local or AFT-conv layer. Float64, in log space."""
     layers = [getattr(block.mixer, "layer", block.mixer) for block in model.blocks]
-    require(
-        all(
-            isinstance(layer, (AFTLocal, AFTConv)) and layer.causal for layer in layers
-        ),
-        "outside_window_share needs a model whose every mixer is a causal AFT-local or "
-        "AFT-conv layer",
-    )
+    require(all(isinstance(layer, (AFTLocal, AFTConv)) and layer.causal
+                for layer in layers), "outside_window_share needs a model whose every "
+            "mixer is a causal AFT-local or AFT-conv layer")
     inputs = []  # each layer's input x, [B, T, d]
-    hooks = [
-        layer.register_forward_pre_hook(lambda module, args: inputs.append(args[0]))
-        for layer in layers
-    ]
+    hooks = [layer.register_forward_pre_hook(lambda _, args: inputs.append(args[0]))
+             for layer in layers]
     try:
         with torch.no_grad():
             model(tokens)
@@ -948,15 +657,11 @@ def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
             bias = None if layer.to_k.bias is None else layer.to_k.bias.double()
             keys = F.linear(x.double(), layer.to_k.weight.double(), bias)  # [B, T, k]
             length, window = keys.shape[1], layer.window
-            if isinstance(
-                layer, AFTConv
-            ):  # w_{t, t-j} = kernel[head, j], a key per head
+            if isinstance(layer, AFTConv):  # w_{t, t-j} = kernel[head, j], per head
                 biases = layer.effective_kernel().double().T[:, None, :]  # [s, 1, h]
-            else:  # band[t, s - 1 - j] = w_{t, t-j}
-                biases = (
-                    layer.band[:length, :window].flip(-1).double().T[..., None]
-                )  # [s, T, 1]
-            log_inside = torch.full_like(keys, -math.inf)
+            else:  # band[t, s - 1 - j] = w_{t, t-j}: [s, T, 1]
+                biases = layer.band[:length, :window].flip(-1).double().T[..., None]
+            log_inside = torch.full_like(keys, -math.inf)  # log sum in the window
             for j in range(min(window, length)):  # the key j positions back, its bias
                 earlier = F.pad(keys[:, : length - j], (0, 0, j, 0), value=-math.inf)
                 log_inside = torch.logaddexp(log_inside, earlier + biases[j])

@@ -143,6 +143,8 @@ def test_evaluate_lengths_records_a_reason_instead_of_a_loss():
     ({"slide_divisor": 3}, "must divide every evaluation length"),
     ({"sweep_variant": "alibi"}, "sweep_variant must be aft-local or aft-conv"),
     ({"seeds": ()}, "at least one seed"),
+    ({"factors": ()}, "factors must not be empty"),
+    ({"sweep_windows": (4, 0)}, r"sweep_windows must be >= 1, got \(4, 0\)"),
 ])
 def test_config_rejects_bad_values(change, message):
     with pytest.raises(ValueError, match=message):
@@ -206,9 +208,9 @@ def test_experiment_writes_a_results_file_that_loads_and_tabulates(corpus_file, 
     assert summary["alibi"][8]["seeds"] == 2
     assert summary["alibi"][8]["low"] <= summary["alibi"][8]["mean"] <= summary["alibi"][8]["high"]
     table = table_rows(results_table(loaded, "non-overlapping"))
-    assert table[0] == ["variant", "seeds", "T=8", "T=16", "T=32"] and table[1] == ["---"] * 5
-    learned_row = next(row for row in table if row[0] == "`mha-learned`")
-    assert learned_row[1] == "2" and learned_row[-2:] == ["n/a", "n/a"] and "±" in learned_row[2]
+    assert table[0] == ["variant (seeds)", "T=8", "T=16", "T=32"] and table[1] == ["---"] * 4
+    learned_row = next(row for row in table if row[0] == "`mha-learned` (2)")
+    assert learned_row[-2:] == ["n/a", "n/a"] and re.fullmatch(r"\d\.\d{3} ±(\d|)\.\d{3}", learned_row[1])
 
 
 def test_a_rerun_continues_the_file_and_another_configuration_is_refused(corpus_file, tmp_path, monkeypatch):
@@ -309,7 +311,7 @@ def test_partial_results_render(corpus_file, tmp_path, monkeypatch):
     assert any(line.startswith("NoPE (mha-none) at L") and "1 seed" in line for line in lines)
     assert not any("rotary" in line and "against" in line for line in lines)  # nothing said about what is missing
     assert sweep_summary(partial) == {}
-    assert [row[:2] for row in table_rows(results_table(partial, MODES[1]))[2:]] == [["`mha-none`", "1"], ["`alibi`", "2"]]
+    assert [row[0] for row in table_rows(results_table(partial, MODES[1]))[2:]] == ["`mha-none` (1)", "`alibi` (2)"]
     plot_extrapolation(partial)
     plot_window_sweep(partial)
     assert findings({**partial, "training": [], "evaluations": []})[-1] == "ALiBi: not measured yet."
