@@ -584,6 +584,30 @@ def test_api_links_stay_on_their_signature(site, browser, width):
         browser.set_window_size(1400, 1000)
 
 
+# Run on a page: the names in code in its title that the browser broke over two lines.
+TITLE_NAMES_BROKEN = """
+return [...document.querySelectorAll("article[role=main] h1 code")]
+  .filter(code => code.getClientRects().length > 1).map(code => code.textContent);
+"""
+
+
+@needs_chromium
+def test_titles_keep_a_name_on_one_line_on_a_phone(site, browser):
+    """At 390 px a title that names a module (`aftalibi.experiment_files`, `aftalibi/alibi.py`)
+    keeps the name on one line: at the theme's title size it broke in the middle of the name."""
+    browser.set_window_size(390, 1000)
+    try:
+        broken = {}
+        for page in pages(site):
+            browser.get(page.as_uri())
+            names = browser.execute_script(TITLE_NAMES_BROKEN)
+            if names:
+                broken[page.relative_to(site).as_posix()] = names
+        assert not broken, f"titles whose names break over two lines at 390 px: {broken}"
+    finally:
+        browser.set_window_size(1400, 1000)
+
+
 # Run on a page after MathJax finished: the display formulas wider than the box that holds them.
 WIDE_MATH = """
 const [selector, done] = arguments;
