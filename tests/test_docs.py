@@ -758,12 +758,15 @@ poll();
 
 @needs_chromium
 @pytest.mark.parametrize("term", ["slope", "alibi"])
-def test_search_summaries_show_formulas_as_text(served, browser, term):
+def test_search_summaries_read_as_prose(served, browser, term):
     """A search result's summary is cut from its page's text: its formulas read as text
-    (`m_h (i − j)`), not as TeX (`\\(m_h (i - j)\\)`)."""
+    (`m_h (i − j)`), not as TeX (`\\(m_h (i - j)\\)`), and from its prose, not from its code
+    (`__all__ = ['get_slopes', ...`, a run of imports)."""
     browser.get(f"{served}/search.html?q={term}")
     summaries = [s for s in browser.execute_async_script(SEARCH_SUMMARIES) if s]
     assert len(summaries) >= 3, f"'{term}': too few summaries: {summaries}"
     assert any(term in s.lower() for s in summaries)
     tex = [s for s in summaries if RAW_TEX.search(s) or re.search(r"\\[A-Za-z]+|\\[()\[\]]", s)]
     assert not tex, f"summaries with TeX: {tex}"
+    code = [s for s in summaries if re.search(r"__all__ = \[|^\s*(?:from \S+ )?import \w|^\s*def \w+\(", s, re.M)]
+    assert not code, f"summaries cut from code: {code}"
