@@ -277,6 +277,48 @@ def test_browser_shows_notebook_03_translated(site, browser, language):
         assert target.relative_to(site).as_posix().split("/", 1)[1] == f"{NOTEBOOK}.html"
 
 
+
+# Run on a page: the text that starts a line with a character Japanese typesetting keeps off the
+# start of a line (kinsoku: small kana, the prolonged sound mark, closing punctuation).
+LINE_STARTS = """
+const forbidden = arguments[0];
+const main = document.querySelector("article[role=main]");
+const walker = document.createTreeWalker(main, NodeFilter.SHOW_TEXT, {acceptNode: node =>
+  node.parentElement.closest("pre, code, mjx-container, script, style")
+    ? NodeFilter.FILTER_REJECT : NodeFilter.FILTER_ACCEPT});
+const range = document.createRange();
+const found = [];
+for (let node; (node = walker.nextNode());) {
+  let top = null;
+  for (let i = 0; i < node.length; i++) {
+    range.setStart(node, i);
+    range.setEnd(node, i + 1);
+    const box = range.getClientRects()[0];
+    if (!box) continue;
+    if (top !== null && box.top > top + box.height / 2 && forbidden.includes(node.data[i]))
+      found.push(node.data.slice(Math.max(0, i - 6), i) + " / " + node.data.slice(i, i + 6));
+    top = box.top;
+  }
+}
+return found;
+"""
+KINSOKU = "ぁぃぅぇぉっゃゅょゎゕゖァィゥェォッャュョヮヵヶー、。，．）」』】〕〉》"
+
+
+@needs_chromium
+@pytest.mark.parametrize("width", [1400, 390])
+def test_japanese_lines_do_not_start_with_a_small_kana(site, browser, width):
+    """Notebook 03 in Japanese breaks its lines by Japanese rules (kinsoku): no line starts with a
+    small kana, the prolonged sound mark or closing punctuation. The browser's default line
+    breaking did ("パ / ッケージ" in the introduction, "アテンシ / ョン" in the title)."""
+    browser.set_window_size(width, 1000)
+    try:
+        browser.get((site / "ja" / f"{NOTEBOOK}.html").as_uri())
+        starts = browser.execute_script(LINE_STARTS, KINSOKU)
+        assert not starts, f"lines starting with a character kinsoku keeps off a line's start: {starts}"
+    finally:
+        browser.set_window_size(1400, 1000)
+
 def test_english_single_language_build_has_no_switcher():
     """tests/test_docs.py builds English alone: no switcher (its links would lead nowhere)."""
     from types import SimpleNamespace

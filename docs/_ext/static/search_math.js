@@ -1,7 +1,7 @@
 /* The search page's summaries are the text of the page they come from (Sphinx's searchtools
    reads the page's HTML). There a formula is its TeX, `\(m_h (i - j)\)`; this script rewrites each
    formula of that HTML as plain text first (`m_h (i − j)`, `2^(-8/n)`, Greek letters and operators
-   as their characters), so that a summary reads as prose. Loaded by search_math.py on every page;
+   as their characters), and leaves out its code blocks, so that a summary reads as prose. Loaded by search_math.py on every page;
    without searchtools.js it does nothing. */
 "use strict";
 
@@ -51,6 +51,9 @@ function texToText(tex) {
   const htmlToText = Search.htmlToText;
   Search.htmlToText = (htmlString, anchor) => {
     const page = new DOMParser().parseFromString(htmlString, "text/html");
+    // Code blocks (a notebook's cells and outputs, an annotated page's code column) are left out:
+    // a summary cut from them read `__all__ = ['get_slopes', ...` or a run of imports.
+    page.querySelectorAll("div.highlight, pre").forEach((code) => code.remove());
     page.querySelectorAll(".math").forEach((math) => { math.textContent = texToText(math.textContent); });
     return htmlToText(page.documentElement.outerHTML, anchor);
   };
