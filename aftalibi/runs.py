@@ -29,17 +29,17 @@ from .model import LanguageModel, ModelConfig
 
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'HELD_SIGNALS', 'FLOAT_LIMITS', 'DEMO_MODEL',
-           'PRESETS', 'TRAIN_OPTION_HELP', 'CheckpointError', 'WriteFailed', 'content_checksum', 'sync_folder',
-           'signals_held', 'replace_atomically', 'process_is_running', 'remove_stale_temporaries', 'save_checkpoint',
-           'device_memory', 'tensors_in', 'check_tensors', 'load_checkpoint', 'check_entries', 'saved_config',
-           'check_checkpoint', 'saved_model_options', 'trained_context', 'model_from_checkpoint',
-           'check_finite_weights', 'model_only', 'resumed_options', 'check_option_types', 'check_resumable',
-           'corpus_checksum', 'check_new_run', 'RunInUse', 'TrainingDiverged', 'Terminated',
-           'sigterm_stops_like_ctrl_c', 'check_writable', 'check_run_folders', 'run_lock', 'locked_descriptor',
-           'check_train_options', 'check_model_memory', 'check_attention_memory', 'Distributed', 'process_group',
-           'mean_over_ranks', 'Progress', 'labml_run', 'documented', 'select_device', 'cpu_has_bf16_matmul',
-           'resumed_config', 'run_settings', 'run_device', 'check_eval_length', 'OpenedRun', 'open_run', 'Run',
-           'run_folder', 'training_session', 'save_on_stop']
+           'PRESETS', 'TRAIN_OPTION_HELP', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CheckpointError', 'WriteFailed',
+           'content_checksum', 'sync_folder', 'signals_held', 'replace_atomically', 'process_is_running',
+           'remove_stale_temporaries', 'save_checkpoint', 'device_memory', 'tensors_in', 'check_tensors',
+           'load_checkpoint', 'check_entries', 'saved_config', 'check_checkpoint', 'saved_model_options',
+           'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_options',
+           'check_option_types', 'check_resumable', 'corpus_checksum', 'check_new_run', 'RunInUse', 'TrainingDiverged',
+           'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'check_run_folders', 'run_lock',
+           'locked_descriptor', 'check_train_options', 'check_model_memory', 'check_attention_memory', 'Distributed',
+           'process_group', 'mean_over_ranks', 'Progress', 'labml_run', 'validation_length', 'documented',
+           'select_device', 'cpu_has_bf16_matmul', 'resumed_config', 'run_settings', 'run_device', 'check_eval_length',
+           'OpenedRun', 'open_run', 'Optimizers', 'Run', 'run_folder', 'training_session', 'save_on_stop']
 
 # %% ../notebooks/11_runs.ipynb #d0a1b2c9
 CHECKPOINT_FORMAT = "aftalibi-checkpoint-v1"
@@ -905,6 +905,26 @@ TRAIN_OPTION_HELP = {
 }
 
 
+# Characters per validation window when eval_seq_len is not given and the model
+# has no position limit.
+EVAL_SEQ_LEN = 256
+
+
+def validation_length(config, model: ModelConfig) -> int:
+    """Characters per validation window: eval_seq_len (0: seq_len); when it is not
+    given, EVAL_SEQ_LEN, or seq_len for a model with absolute positions (an option
+    nobody typed must not score positions that never trained)."""
+    if config.eval_seq_len is None:
+        return EVAL_SEQ_LEN if model.max_positions is None else config.seq_len
+    return config.eval_seq_len or config.seq_len
+
+
+# What a resumed run may change: how it reports and where it runs, not what it computes.
+# Every other setting (the model, the data, the schedule, max_steps) is the saved run's.
+RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile",
+             "aft_kernel", "out_dir")
+
+
 def documented(helps: dict[str, str]):
     """A class decorator: each field of the dataclass gets its `help` metadata from
     `helps` (the command line's --help reads it there)."""
@@ -965,7 +985,7 @@ def cpu_has_bf16_matmul() -> bool:
 # %% ../notebooks/11_runs.ipynb #551d5431
 def resumed_config(state: dict, model_changes: dict, train_changes: dict, source: Path,
                    config_type: type,
-                   resumable: tuple[str, ...]) -> tuple[dict, object]:
+                   resumable: tuple[str, ...] = RESUMABLE) -> tuple[dict, object]:
     """The model options and the `config_type` (train's TrainConfig) of the run saved
     in `state`, with `train_changes` to its `resumable` fields (`resumed_options`)."""
     model_options, train_options = resumed_options(
@@ -979,17 +999,17 @@ def resumed_config(state: dict, model_changes: dict, train_changes: dict, source
 
 
 def run_settings(model_config: dict | None, config, asked: dict, resume: bool,
-                 overwrite: bool,
-                 resumed: Callable) -> tuple[dict, object, dict | None]:
-    """The model options and the config of this call, and the saved state it resumes
-    (None for a new run, which never replaces a saved one silently); `resumed` is
-    train's `resumed_settings`."""
+                 overwrite: bool) -> tuple[dict, object, dict | None]:
+    """The model options and the config (train's TrainConfig) of this call, and the
+    saved state it resumes (None for a new run, which never replaces a saved one
+    silently)."""
     path = Path(config.out_dir) / "checkpoint.pt"
     if not resume:
         check_new_run(path, overwrite)
         return (DEMO_MODEL if model_config is None else model_config), config, None
     state = load_checkpoint(path)
-    model_options, config = resumed(state, model_config or {}, asked, path)
+    model_options, config = resumed_config(state, model_config or {}, asked, path,
+                                           type(config))
     return model_options, config, state
 
 
@@ -1043,18 +1063,17 @@ class OpenedRun(NamedTuple):
 
 
 def open_run(model_config: dict | None, config, asked: dict, resume: bool,
-             overwrite: bool, *, resumed: Callable, eval_length: Callable) -> OpenedRun:
+             overwrite: bool) -> OpenedRun:
     """Every check, then the corpus and the model: a new one seeded by config.seed, or
-    the run saved in out_dir (`resume`). `resumed` and `eval_length` are train's
-    `resumed_settings` and `validation_length`."""
+    the run saved in out_dir (`resume`)."""
     model_options, config, state = run_settings(model_config, config, asked, resume,
-                                                overwrite, resumed)
+                                                overwrite)
     distributed = Distributed.from_environment()
     device = run_device(config, model_options, distributed)
     corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic
     corpus.check_length(config.seq_len)
     settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
-    eval_seq_len = eval_length(config, settings)
+    eval_seq_len = validation_length(config, settings)
     if config.eval_seq_len is None:  # the checkpoint stores the length the run used
         config = replace(config, eval_seq_len=eval_seq_len)
     corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
@@ -1079,6 +1098,33 @@ def open_run(model_config: dict | None, config, asked: dict, resume: bool,
     return OpenedRun(config, state, corpus, checksum, model, device)
 
 # %% ../notebooks/11_runs.ipynb #6d015b2e
+class Optimizers:
+    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with
+    --optimizer muon)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for part in self.optimizers for group in part.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.optimizers:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for part in self.optimizers:
+            part.step()
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [part.state_dict() for part in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            part.load_state_dict(saved)
+
+
 @dataclass
 class Run:
     """A run in progress: what the loop changes, and `save`, the checkpoint that
@@ -1086,7 +1132,7 @@ class Run:
 
     config: object  # train's TrainConfig
     model: LanguageModel
-    optimizer: torch.optim.Optimizer  # or train's Optimizers, several stepped as one
+    optimizer: torch.optim.Optimizer | Optimizers
     scaler: torch.amp.GradScaler
     precision: str  # what the forward pass runs in (train's training_precision)
     batches: torch.Generator  # draws the windows, on the device

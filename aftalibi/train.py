@@ -20,17 +20,13 @@ from .runs import *  # noqa: F403
 from .runs import _mps_available  # noqa: F401
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PRECISIONS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'TrainConfig', 'validation_length', 'resumed_settings',
-           'learning_rate_factor', 'learning_rate_at', 'training_precision', 'mixed_precision', 'Optimizers',
-           'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate', 'sample_windows', 'compact_tokens',
-           'start_run', 'train_steps', 'finish_evaluation', 'train']
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'TrainConfig', 'resumed_settings', 'learning_rate_factor', 'learning_rate_at',
+           'training_precision', 'mixed_precision', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate',
+           'sample_windows', 'compact_tokens', 'start_run', 'train_steps', 'finish_evaluation', 'train']
 
 # %% ../notebooks/06_train.ipynb #7eb4b334
 OPTIMIZERS = ("adamw", "muon")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
-# Characters per validation window when eval_seq_len is not given and the model
-# has no position limit.
-EVAL_SEQ_LEN = 256
 
 
 @documented(TRAIN_OPTION_HELP)  # each option's --help text (Appendix D)
@@ -66,27 +62,11 @@ class TrainConfig:
                                    "aft_kernel": ("auto", *AFT_KERNELS)})
 
 
-def validation_length(config: TrainConfig, model: ModelConfig) -> int:
-    """Characters per validation window: eval_seq_len (0: seq_len); when it is not
-    given, EVAL_SEQ_LEN, or seq_len for a model with absolute positions (an option
-    nobody typed must not score positions that never trained)."""
-    if config.eval_seq_len is None:
-        return EVAL_SEQ_LEN if model.max_positions is None else config.seq_len
-    return config.eval_seq_len or config.seq_len
-
-
-# What a resumed run may change: how it reports and where it runs, not what it computes.
-# Every other setting (the model, the data, the schedule, max_steps) is the saved run's.
-RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile",
-             "aft_kernel", "out_dir")
-
-
 def resumed_settings(state: dict, model_changes: dict, train_changes: dict,
                      source: Path) -> tuple[dict, TrainConfig]:
     """The model options and TrainConfig of the run saved in `state`, with
     `train_changes` to the RESUMABLE fields (Appendix D's `resumed_config`)."""
-    return resumed_config(state, model_changes, train_changes, source, TrainConfig,
-                          RESUMABLE)
+    return resumed_config(state, model_changes, train_changes, source, TrainConfig)
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
@@ -135,33 +115,6 @@ def mixed_precision(device: torch.device,
     return autocast, torch.amp.GradScaler(device.type, enabled=precision == "float16")
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
-class Optimizers:
-    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with
-    --optimizer muon)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer):
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [group for part in self.optimizers for group in part.param_groups]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for part in self.optimizers:
-            part.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        for part in self.optimizers:
-            part.step()
-
-    def state_dict(self) -> dict:
-        return {"optimizers": [part.state_dict() for part in self.optimizers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for part, saved in zip(self.optimizers, state["optimizers"], strict=True):
-            part.load_state_dict(saved)
-
-
 def muon_parameters(model: LanguageModel) -> list[str]:
     """Names of the hidden matrices Muon updates: the weight of every linear layer
     inside the blocks."""
@@ -224,20 +177,15 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
              max_windows: int = 0, batch_size: int = 64, rank: int = 0,
              world_size: int = 1) -> float:
     """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`.
-
-    The sums stay on the model's device until the end (one read, not one per batch).
     With `world_size` > 1 this process scores windows rank, rank + world_size, ... and
-    the (loss sum, token count) pairs are summed over the processes: every rank must
-    call it.
-    """
+    the sums are added over the processes: every rank must call it."""
     inputs, targets = sequential_windows(tokens, seq_len)
     if max_windows:
         inputs, targets = inputs[:max_windows], targets[:max_windows]
-    # this rank's windows
-    inputs, targets = inputs[rank::world_size], targets[rank::world_size]
-    device = next(model.parameters()).device
-    was_training = model.training
+    inputs, targets = inputs[rank::world_size], targets[rank::world_size]  # this rank's
+    device, was_training = next(model.parameters()).device, model.training
     model.eval()
+    # The sums stay on the device until the end: one read, not one per batch.
     loss_sum, token_count = torch.zeros((), dtype=torch.float64, device=device), 0
     for start in range(0, len(inputs), batch_size):
         batch_inputs = inputs[start:start + batch_size].to(device).long()
@@ -256,21 +204,18 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
 # %% ../notebooks/06_train.ipynb #a7b3c9d1
 def sample_windows(tokens: torch.Tensor, batch_size: int, seq_len: int,
                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[batch_size, seq_len]` int64 inputs and next-token targets from random positions
-    of `tokens`, drawn on their device by `generator` (the draw of
-    `data.random_windows`)."""
+    """`[batch_size, seq_len]` int64 inputs and next-token targets at random positions
+    of `tokens`, drawn on their device (the draw of `data.random_windows`)."""
     start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator,
                           device=tokens.device)  # [B]
-    window = tokens[
-        start[:, None] + torch.arange(seq_len + 1, device=tokens.device)
-    ].long()  # [B, seq_len + 1]
+    offsets = torch.arange(seq_len + 1, device=tokens.device)  # [T + 1]
+    window = tokens[start[:, None] + offsets].long()  # [B, T + 1]
     return window[:, :-1], window[:, 1:]
 
 
 def compact_tokens(tokens: torch.Tensor, vocab_size: int,
                    device: torch.device) -> torch.Tensor:
-    """The token ids on `device` in the narrowest integer type that holds them (uint8
-    for up to 256 characters)."""
+    """The token ids on `device`, one byte each for up to 256 characters."""
     dtype = torch.uint8 if vocab_size <= 256 else torch.int32
     return tokens.to(device=device, dtype=dtype)
 
@@ -280,8 +225,7 @@ def start_run(model_config: dict | None, config: TrainConfig, asked: dict,
     """The run: its checked settings, corpus and model (Appendix D's `open_run`: a new
     model, or the one saved in out_dir), the optimizer, the precision and the batch
     generator; returns the run, its tokens on the device, and the device."""
-    opened = open_run(model_config, config, asked, resume, overwrite,
-                      resumed=resumed_settings, eval_length=validation_length)
+    opened = open_run(model_config, config, asked, resume, overwrite)
     config, model, device = opened.config, opened.model.to(opened.device), opened.device
     precision = training_precision(config.precision, device)
     run = Run(config=config, model=model, optimizer=make_optimizer(model, config),
@@ -369,64 +313,47 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
           resume: bool = False, overwrite: bool = False,
           session_steps: int | None = None, quiet: bool = False,
           live: bool | None = None) -> dict:
-    """Train a model; returns {"step", "train_loss", "validation_loss",
-    "validation_step", "tokens_per_second", "precision", "checkpoint", "history",
-    "interrupted", "terminated", "stopped_by"}.
+    """Train a model (a new one, or the run saved in `config.out_dir` with `resume`).
 
-    validation_loss is the last evaluation's, made at validation_step (nan and None
-    before the first); train_loss is the mean over the steps of the last report;
-    precision is what the forward pass ran in ("bfloat16" or "float16" autocast, or
-    "float32"); tokens_per_second is the mean over this call's optimizer steps
-    (evaluations excluded), for the whole job under torchrun; interrupted says whether
-    Ctrl-C, SIGTERM or SIGHUP stopped the call, terminated whether it was SIGTERM or
-    SIGHUP, stopped_by the signal's name ("SIGINT" for Ctrl-C; None: not stopped); all
-    save a checkpoint first.
+    Returns {"step", "train_loss", "validation_loss", "validation_step",
+    "tokens_per_second", "precision", "checkpoint", "history", "interrupted",
+    "terminated", "stopped_by"}: the last evaluation's loss and step (nan and None
+    before the first), the mean training loss of the last report, what the forward pass
+    ran in, tokens/s over this call's steps (the whole job's under torchrun), whether a
+    signal stopped the call (after saving it), whether it was SIGTERM or SIGHUP, and its
+    name ("SIGINT" for Ctrl-C; None: not stopped).
 
     `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None:
-    DEMO_MODEL). A new run refuses to replace a checkpoint in `config.out_dir` unless
-    `overwrite`. `resume` continues the run saved there with its own settings
-    (`resumed_settings`: a `model_config` or `config` given with it may differ only in
-    RESUMABLE fields); `session_steps` stops, with a checkpoint, after that many steps
-    of this call. `quiet` turns off the progress display and labml; `live` forces the
-    live progress line on or off (default: when stdout is a terminal). Started by
-    torchrun, every process trains a replica on its share of each batch.
-
-    The run holds a lock on `config.out_dir` from start to end (`run_lock`): a second
-    run there stops at once with RunInUse. A loss or weights that become nan or inf stop
-    the run with TrainingDiverged, and its last checkpoint stays as it was.
+    DEMO_MODEL). A new run replaces a checkpoint only with `overwrite`; a resumed one
+    may change only the RESUMABLE fields; `session_steps` stops, with a checkpoint,
+    after that many steps of this call. `quiet` turns off the progress display and
+    labml; `live` forces the live progress line on or off (default: on a terminal). A
+    second run in out_dir stops at once with RunInUse; nan or inf stops the run with
+    TrainingDiverged and keeps its last checkpoint (Appendix D).
     """
     asked = {} if config is None else asdict(config)
     config = config or TrainConfig()
     if session_steps is not None and session_steps < 1:
         raise ValueError(f"session_steps must be >= 1, got {session_steps}")
     with run_folder(config.out_dir, config.corpus, quiet):  # checked, locked
-        return _train(model_config, config, asked, resume, overwrite, session_steps,
-                      quiet, live)
-
-
-def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: bool,
-           overwrite: bool, session_steps: int | None, quiet: bool,
-           live: bool | None) -> dict:
-    """`train` in a folder it holds: the run, an evaluation left pending by a run
-    stopped during it, the loop, and a checkpoint when a signal stops it."""
-    run, tokens, device = start_run(model_config, config, asked, resume, overwrite)
-    config, world = run.config, Distributed.from_environment()
-    quiet = quiet or not world.is_main
-    last_step = (config.max_steps if session_steps is None
-                 else min(config.max_steps, run.step + session_steps))
-    meter, stop = {"train_loss": float("nan"), "tokens": 0, "seconds": 0.0}, None
-    with training_session(run, device, world, quiet, live) as session:
-        try:
-            if run.pending is not None:  # stopped during this evaluation: make it
-                finish_evaluation(run, tokens, world, session.progress,
-                                  run.pending["train_loss"])
-            train_steps(run, session.forward, tokens, last_step, session.progress,
-                        world, quiet, meter)
-            if run.step < config.max_steps and run.step % config.eval_every:
-                run.save()  # stopped by session_steps between two evaluations
-            if world.world_size > 1:  # no rank leaves before rank 0's checkpoint
-                torch.distributed.barrier()
-        except KeyboardInterrupt as stopped:
-            stop = stopped
-            save_on_stop(run, stopped, session.progress)
+        run, tokens, device = start_run(model_config, config, asked, resume, overwrite)
+        config, world = run.config, Distributed.from_environment()
+        quiet = quiet or not world.is_main
+        last_step = (config.max_steps if session_steps is None
+                     else min(config.max_steps, run.step + session_steps))
+        meter, stop = {"train_loss": float("nan"), "tokens": 0, "seconds": 0.0}, None
+        with training_session(run, device, world, quiet, live) as session:
+            try:
+                if run.pending is not None:  # stopped during this evaluation: make it
+                    finish_evaluation(run, tokens, world, session.progress,
+                                      run.pending["train_loss"])
+                train_steps(run, session.forward, tokens, last_step, session.progress,
+                            world, quiet, meter)
+                if run.step < config.max_steps and run.step % config.eval_every:
+                    run.save()  # stopped by session_steps between two evaluations
+                if world.world_size > 1:  # no rank leaves before rank 0's checkpoint
+                    torch.distributed.barrier()
+            except KeyboardInterrupt as stopped:  # Ctrl-C, SIGTERM, SIGHUP: save
+                stop = stopped
+                save_on_stop(run, stopped, session.progress)
     return run.result(meter, stop)
