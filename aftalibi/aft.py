@@ -26,7 +26,7 @@ def aft_reference(q: Tensor, k: Tensor, v: Tensor, w: Tensor | None = None, *,
     `[B, T, T, d]` tensor; returns `[B, T, d]`.
 
     `w` is `[T, T]` (one bias per pair of positions) or `[G, T, T]` (one per group of
-    d / G channels, AFT-conv's heads); None means no bias (AFT-simple).
+    $d / G$ channels, AFT-conv's heads); None means no bias (AFT-simple).
     `key_padding_mask` is `[B, T]`, True at padding. Rows with no key to use give 0.
     """
     batch, length, d = q.shape
@@ -77,9 +77,9 @@ class MinimalAFTLocal(nn.Module):
 
 # %% ../notebooks/02_aft.ipynb #7e8a64e6
 def band_of(w: Tensor, window: int) -> Tensor:
-    """The band of a `[T, T]` bias `w`, `[T, 2 window - 1]`: row t holds the biases of
-    the keys t - window + 1 to t + window - 1, in that order, 0 for a key outside the
-    sequence."""
+    """The band of a `[T, T]` bias `w`, `[T, 2 window - 1]`: row $t$ holds the biases
+    of the keys $t - s + 1$ to $t + s - 1$ ($s$ = `window`), in that order, 0 for a key
+    outside the sequence."""
     length = w.shape[-1]
     offset = torch.arange(-(window - 1), window, device=w.device)
     key_position = torch.arange(length, device=w.device)[:, None] + offset  # [T, 2s-1]
@@ -152,11 +152,14 @@ def aft_simple(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
 def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
     """AFT-conv's relative `kernel` (`[h, s]`) as the band `[h, T, 2s - 1]` that
     `band_of` would give: the same row for every query. Causal: `kernel[:, j]` is the
-    bias of the key j positions back. Bidirectional: the kernel is centred on the query.
+    bias of the key $j$ positions back. Bidirectional: the kernel is centred on the
+    query.
     """
     heads, window = kernel.shape
     centre = 0 if causal else (window - 1) // 2
-    # delta = t' - t = centre - j sits at index delta + s - 1
+    # `kernel[:, j]`, the bias of the key at $\delta = t' - t = c - j$ from the query
+    # ($c$ = `centre`: 0 causal, $\lfloor (s - 1) / 2 \rfloor$ bidirectional), sits at
+    # index $\delta + s - 1$ of the band
     band = kernel.new_zeros(heads, 2 * window - 1)
     index = torch.arange(window, device=kernel.device)
     band = band.index_copy(1, centre - index + window - 1, kernel)
@@ -165,8 +168,9 @@ def conv_band(kernel: Tensor, length: int, causal: bool) -> Tensor:
 
 def aft_conv(q: Tensor, k: Tensor, v: Tensor, kernel: Tensor, *, causal: bool = False,
              key_padding_mask: Tensor | None = None) -> Tensor:
-    """AFT-conv with h heads and window s: `k` is `[B, T, h]` (one key channel per
-    head), `q` and `v` are `[B, T, d]`, `kernel` is `[h, s]`; returns `[B, T, d]`."""
+    """AFT-conv with $h$ heads and window $s$: `k` is `[B, T, h]` (one key channel
+    per head), `q` and `v` are `[B, T, d]`, `kernel` is `[h, s]`; returns
+    `[B, T, d]`."""
     batch, length, d = kernels.check_qkv(q, k, v, key_channels="h")
     heads = k.shape[-1]
     if d % heads:
@@ -175,7 +179,8 @@ def aft_conv(q: Tensor, k: Tensor, v: Tensor, kernel: Tensor, *, causal: bool = 
     check_tensor("kernel", kernel, (heads, None), "[h, s]")
     window = kernels.check_window(kernel.shape[1])
     key_padding_mask = kernels.check_key_padding_mask(key_padding_mask, batch, length)
-    # one key channel per group of d / h channels: a head's key shared by its channels
+    # One key channel per group of $d / h$ channels: a head's key is shared by its
+    # channels
     band = conv_band(kernel, length, causal)
     return _band_sums(q, k, v, band, window, causal, key_padding_mask)
 
@@ -266,8 +271,9 @@ class AFTFull(_AFTBase):
             if factor_dim < 1:
                 raise ValueError("factor_dim must be >= 1 or None (dense w), "
                                  f"got {factor_dim}")
-            # w = U W^T, U in `u` and W in `v` (the names saved checkpoints hold);
-            # a small normal init, as in the paper, starts w near 0 (near AFT-simple)
+            # $w = U W^\top$, $U$ in `u` and $W$ in `v` (the names saved checkpoints
+            # hold); a small normal initialisation, as in the paper, starts $w$ near 0
+            # (near AFT-simple)
             self.u = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
             self.v = nn.Parameter(torch.randn(max_len, factor_dim) * 0.01)
 
@@ -305,7 +311,7 @@ class AFTLocal(_AFTBase):
         if max_len < 1:
             raise ValueError(f"max_len must be >= 1, got {max_len}")
         self.max_len, self.window = max_len, kernels.check_window(window)
-        # band[t, delta + s - 1] = w_{t, t+delta}
+        # The band: `band[t, delta + s - 1]` $= w_{t, t + \delta}$ for $|\delta| < s$
         self.band = nn.Parameter(torch.zeros(max_len, 2 * window - 1))
 
     def forward(self, x: Tensor, key_padding_mask: Tensor | None = None) -> Tensor:
@@ -324,7 +330,8 @@ class AFTLocal(_AFTBase):
         if position >= self.max_len:
             raise _too_long("AFTLocal", self.max_len, position + 1)
         n = min(self.window, position + 1)
-        # w_{t, t - j} for j < n
+        # Row $t$ = `position`: the biases $w_{t, t - j}$ of the last $n$ keys,
+        # $j = 0, \dots, n - 1$ (the nearest first)
         return self.band[position, self.window - n: self.window].flip(0)[None], k
 
 # %% ../notebooks/02_aft.ipynb #a26f328e
@@ -386,8 +393,8 @@ def aft_step(state: AFTState, q: Tensor, k: Tensor, v: Tensor,
     its `[B, d]` output and updates `state`, by the fast form (a running sum plus the
     band of the last keys).
 
-    `bias` is `[G, n]`, n at most the window: `bias[:, j]` is the bias of the key j
-    positions back, for the G groups of d / G channels; None for AFT-simple.
+    `bias` is `[G, n]`, $n$ at most the window: `bias[:, j]` is the bias of the key
+    $j$ positions back, for the $G$ groups of $d / G$ channels; None for AFT-simple.
     """
     acc = kernels.accumulation_dtype(q.dtype)  # float32 or float64 sums
     q, k, v = q.to(acc), k.to(acc), v.to(acc)
@@ -407,7 +414,8 @@ def aft_step(state: AFTState, q: Tensor, k: Tensor, v: Tensor,
     num, den = state.num, state.den
     if bias is not None:
         n = bias.shape[1]
-        # e^{K_{t-j} - c_t} for j = 0 .. n - 1: [B, n, d]
+        # $e^{K_{t-j} - c_t}$ for $j = 0, \dots, n - 1$, `[B, n, d]`: the last $n$ keys,
+        # the newest first, shifted by the new running max $c_t$
         recent = torch.exp(state.keys.flip(1)[:, :n] - new_shift[:, None])
         groups = q.shape[-1] // bias.shape[0]
         factor = torch.expm1(bias.to(acc)).repeat_interleave(groups, dim=0).T  # [n, d]
