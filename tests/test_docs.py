@@ -457,14 +457,6 @@ def test_math_is_typeset(visits):
     assert not raw, f"TeX left untypeset: {raw}"
 
 
-# Pages not yet brought to what test_outputs_fit_their_column requires (work in progress, listed so
-# that the list can only shrink): every other page must pass, and a page listed here that passes
-# must leave the list, so a fix is recorded and a regression anywhere else fails.
-OUTPUTS_NOT_YET_FITTED = {  # wide Markdown tables and long printed lines
-    "notebooks/06_train.html", "notebooks/11_runs.html",
-}
-
-
 def assert_only_the_known_pages(found: dict, known: set[str], what: str) -> None:
     unexpected = {page: found[page] for page in sorted(set(found) - known)}
     assert not unexpected, f"{what}: {json.dumps(unexpected, indent=1)}"
@@ -663,7 +655,7 @@ def test_outputs_fit_their_column(visits):
     wide = {page: r["wideOutputs"] for page, r in visits.items() if r["wideOutputs"]}
     code = {page: r["scrollingCode"] for page, r in visits.items() if r["scrollingCode"]}
     assert not code, f"code cells of lines <= 88 characters that scroll: {code}"
-    assert_only_the_known_pages(wide, OUTPUTS_NOT_YET_FITTED, "outputs wider than the column")
+    assert not wide, f"outputs wider than the column: {json.dumps(wide, indent=1)}"
 
 
 @needs_chromium

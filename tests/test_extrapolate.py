@@ -447,9 +447,10 @@ def test_outside_window_share_needs_causal_aft_local_or_conv():
 
 def test_training_place_is_the_one_train_chooses(monkeypatch):
     """auto: cuda, then mps, then the CPU; fp16 with a gradient scaler on a T4 (7.5), bf16 from 8.0 on."""
+    import aftalibi.runs
     import aftalibi.train
 
-    monkeypatch.setattr(aftalibi.train, "_mps_available", lambda: False)
+    monkeypatch.setattr(aftalibi.runs, "_mps_available", lambda: False)
     monkeypatch.setattr(aftalibi.train, "cpu_has_bf16_matmul", lambda: False)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert training_place() == (torch.device("cpu"), "float32")

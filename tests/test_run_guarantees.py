@@ -159,7 +159,7 @@ def test_home_cache_and_labml_folders_are_checked_before_any_work(corpus_file, t
     def no_work(*args, **kwargs):
         raise AssertionError("the corpus was read before the folders were checked")
 
-    monkeypatch.setattr(training, "load_corpus", no_work)
+    monkeypatch.setattr(module_of(training.open_run), "load_corpus", no_work)  # where runs read it
     corpus = corpus_file if corpus == "FILE" else corpus
     assert main(["train", "--corpus", corpus, *TINY, "--out-dir", str(tmp_path / "run")]) == 2
     error = one_error_line(capsys)
