@@ -43,9 +43,10 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(BIN)/python -m aftalibi train --overwrite
 
-# A worker per core (pytest-xdist), each taking whole test files: a notebook's cells run in order in
-# one kernel, and a module's fixtures (a fresh Colab environment) are made once.
-PYTEST_PARALLEL := -n auto --dist loadfile
+# A worker per core (pytest-xdist). The root conftest.py deals out the work: a notebook (its cells run
+# in order in one kernel) or a file whose fixtures are made once (a fresh Colab environment) goes to
+# one worker whole, every other test on its own, the longest first.
+PYTEST_PARALLEL := -n auto --dist loadscope
 
 test: $(STAMP) $(COLAB_WHEELS)
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)

@@ -77,6 +77,62 @@ class SuiteTime:
                       "faster, or mark it `slow` with the reason (CONTRIBUTING.md)")
 
 
+# How pytest-xdist deals the suite out to its workers (`make test` and `make check` run with
+# `-n auto`). A work unit goes to one worker whole:
+# - a notebook (nbval runs its cells in order in one kernel);
+# - a test file whose fixtures are made once per file (ONE_WORKER_PER_FILE: tests/test_colab.py
+#   builds a fresh environment, tests/test_docs.py drives one browser over the built site);
+# - every other test on its own, so that a long file (the AFT kernels' property tests, the
+#   signal and fault-injection tests) is spread over all the cores instead of holding one.
+# The longest units start first (LONGEST_FIRST, then the notebooks by their number of cells) and
+# the single tests fill in around them, so that no worker is left with a long unit at the end
+# (with a whole file per worker, tests/test_aft_kernels.py alone held one worker for 9 minutes).
+ONE_WORKER_PER_FILE = ("tests/test_colab.py", "tests/test_docs.py", "tests/test_translations.py",
+                       "tests/test_data.py")
+# Longest first, as the "suite time" section of a run lists the slowest files: keep this in step
+# with it. tests/test_docs.py builds the site that tests/test_translations.py reads (`docs_site`),
+# so it starts well before it, and the other worker is not left waiting for the build.
+LONGEST_FIRST = ("tests/test_colab.py", "tests/test_docs.py", "notebooks/06_train.ipynb",
+                 "notebooks/07_extrapolation.ipynb", "tests/test_translations.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of scheduling a test belongs to: its notebook, its file, or the test itself."""
+    path = nodeid.split("::", 1)[0]
+    return path if path.endswith(".ipynb") or path in ONE_WORKER_PER_FILE else nodeid
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, collect the longest units first: the scheduler below hands the units out
+    in the order of the collection (every worker sorts alike, so their collections agree). The sort
+    is stable, so a notebook's cells keep their order."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
+    cells = defaultdict(int)
+    for item in items:
+        cells[item.nodeid.split("::", 1)[0]] += 1
+
+    def order(item):
+        path = item.nodeid.split("::", 1)[0]
+        return rank.get(path, len(rank)), -cells[path] if path.endswith(".ipynb") else 0
+
+    items.sort(key=order)
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist's scheduling by scope, with the work units above, in the collection's order."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByWorkUnit(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return work_unit(nodeid)
+
+    config.option.loadscopereorder = False  # keep the collection's order: longest first
+    return ByWorkUnit(config, log)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes over 30 s by design; `make check` leaves it out")
     config.pluginmanager.register(SuiteTime(), "suite-time")

@@ -216,7 +216,7 @@ class FlexAlibi(nn.Module):
 
 def layer_table(device, quick):
     batch, d_model, heads, window = (2, 64, 4, 32) if quick else (4, 256, 8, 32)
-    lengths = [256, 1024] if quick else [1024, 4096, 16384, 65536]
+    lengths = [64, 128] if quick else [1024, 4096, 16384, 65536]
     repeats = 2 if quick else 5
     bf16 = dict(device_type=device.type, dtype=torch.bfloat16)
     flex_ok = device.type == "cuda"
@@ -255,7 +255,7 @@ def layer_table(device, quick):
 def model_table(device, quick):
     shape = dict(n_layers=2, d_model=64, n_heads=4, d_ff=256) if quick else dict(n_layers=6, d_model=384, n_heads=6,
                                                                                d_ff=1536)
-    runs = [(128, 8), (256, 4)] if quick else [(512, 64), (2048, 16)]
+    runs = [(64, 2), (128, 1)] if quick else [(512, 64), (2048, 16)]
     repeats = 2 if quick else 5
     mixers = [("mha", "rotary", "-"), ("alibi", "none", "-")]
     mixers += [(mixer, "none", kernel) for mixer in ("aft-simple", "aft-conv", "aft-local", "aft-full")

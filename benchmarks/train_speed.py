@@ -1,6 +1,6 @@
 """Training throughput: tokens per second of full optimizer steps (forward, backward, AdamW).
 
-    python benchmarks/train_speed.py [--steps 10] [--threads 2]
+    python benchmarks/train_speed.py [--steps 10] [--threads 2] [--configurations alibi ...]
 
 Runs two small models, one AFT-local and one ALiBi, each at its training length and at a longer
 one, and prints our tokens/s next to those of a plain implementation of the same models, measured
@@ -95,14 +95,22 @@ def training_step(model_options: dict, seq_len: int, batch_size: int, bf16: bool
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--configurations", nargs="+", choices=list(CONFIGURATIONS), default=list(CONFIGURATIONS),
+                        metavar="NAME", help=f"which of {', '.join(CONFIGURATIONS)} to run (default: all)")
+    parser.add_argument("--batch-size", type=int, help="windows per step instead of each configuration's own "
+                        "(a smaller one checks that the script runs, in seconds where bf16 is emulated)")
     add_cpu_options(parser)
     args = parser.parse_args()
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     print(set_up_cpu(args))
     native = cpu_has_bf16_matmul()
     print(f"bf16 dot-product instructions on this CPU: {'yes' if native else 'no (bf16 is emulated, slowly)'}; "
           f"the trainer's --precision auto uses {'bf16 autocast' if native else 'float32'} here")
     print(f"{'configuration':>14} {'precision':>14} {'ours':>12} {'plain':>12} {'ours/plain':>11}")
-    for name, (options, seq_len, batch_size) in CONFIGURATIONS.items():
+    for name in args.configurations:
+        options, seq_len, batch_size = CONFIGURATIONS[name]
+        batch_size = args.batch_size or batch_size
         steps = {(bf16, plain): training_step(options, seq_len, batch_size, bf16, plain)
                  for bf16 in (False, True) for plain in (False, True)}
         for step in steps.values():

@@ -139,14 +139,17 @@ def test_train_speed_compares_against_plain_mixers_that_compute_the_same_model(m
     ("alibi_attention.py", ["--lengths", "64", "--batch", "1", "--d-model", "32", "--heads", "2", "--repeats", "1"],
      "alibi/plain time"),
     ("matmul.py", ["--shape", "64", "32", "16", "--repeats", "1"], "bf16 / float32"),
-    ("train_speed.py", ["--steps", "1"], "aft-local"),
+    ("train_speed.py", ["--steps", "1", "--configurations", "aft-local", "alibi-512", "--batch-size", "1"],
+     "alibi-512"),
     # The default optimizer (Muon) needs torch >= 2.9.
-    ("train_loop.py", ["--steps", "2", "--repeats", "1", "--optimizer", "muon" if hasattr(torch.optim, "Muon") else "adamw"],
-     "overhead"),
+    # A small corpus file ({corpus}): the run's evaluations score its validation split.
+    ("train_loop.py", ["--steps", "2", "--repeats", "1", "--corpus", "{corpus}",
+                       "--optimizer", "muon" if hasattr(torch.optim, "Muon") else "adamw"], "overhead"),
 ])
-def test_cpu_benchmarks_run_at_tiny_sizes(script, arguments, expected):
+def test_cpu_benchmarks_run_at_tiny_sizes(script, arguments, expected, corpus_file):
     """Every CPU benchmark runs end to end (tiny sizes, one repeat): a script that rots is found here,
     not by whoever next needs its figures."""
+    arguments = [argument.format(corpus=corpus_file) for argument in arguments]
     result = subprocess.run([sys.executable, str(ROOT / "benchmarks" / script), *arguments],
                             capture_output=True, text=True, timeout=540, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
