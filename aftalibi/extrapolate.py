@@ -558,12 +558,13 @@ _MARKERS = "os^vDP*Xh<>p"
 
 def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None):
     """Loss against evaluation length, non-overlapping windows (left) and the sliding
-    window (right), for the docs' column (7.4 in wide), with one legend below both."""
+    window (right), drawn for the docs' column (7.2 in: 720 of its 736 px), with one
+    legend below both."""
     import matplotlib.pyplot as plt
 
     config = results["config"]
     extended = {"aft-local", "aft-full"} if config["extend_absolute"] else set()
-    figure, axes = plt.subplots(1, 2, figsize=(7.4, 5.2), sharey=True,
+    figure, axes = plt.subplots(1, 2, figsize=(7.2, 5.2), sharey=True,
                                 layout="constrained")
     lengths = sorted({r["length"] for r in results["evaluations"]})
     for axis, mode in zip(axes, MODES):
@@ -610,7 +611,7 @@ def plot_window_sweep(results: dict):
     with its 95% t interval."""
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7.4, 3.4), layout="constrained")
+    figure, axis = plt.subplots(figsize=(7.2, 3.4), layout="constrained")
     summary = sweep_summary(results)
     if not summary:
         axis.text(0.5, 0.5, "no sweep results yet", ha="center", va="center",

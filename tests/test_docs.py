@@ -457,13 +457,6 @@ def test_math_is_typeset(visits):
     assert not raw, f"TeX left untypeset: {raw}"
 
 
-def assert_only_the_known_pages(found: dict, known: set[str], what: str) -> None:
-    unexpected = {page: found[page] for page in sorted(set(found) - known)}
-    assert not unexpected, f"{what}: {json.dumps(unexpected, indent=1)}"
-    fixed = sorted(known - set(found))
-    assert not fixed, f"these pages pass now: remove them from the list of pages not yet fixed: {fixed}"
-
-
 @needs_chromium
 def test_docstrings_write_math_as_formulas(visits):
     """No docstring on an API page, and no note on an annotated page, writes a formula in ASCII
@@ -629,23 +622,15 @@ def test_images_say_what_they_show(visits):
     assert not {page: images for page, images in unsaid.items() if images}
 
 
-# Pages whose images are drawn wider than the column (listed so that the list can only shrink):
-# the README's picture on the landing page and 07's figures come from aftalibi/extrapolate.py
-# (751 px, and 740 px for the picture), 06's attention maps are 748 px.
-IMAGES_NOT_YET_DRAWN_FOR_THE_COLUMN = {
-    "index.html", "notebooks/06_train.html", "notebooks/07_extrapolation.html",
-}
-
-
 @needs_chromium
 def test_images_are_drawn_for_the_column(visits):
-    """At 1400 px no image is shrunk to fit the column (736 px): a plot drawn for the column (about
-    7.4 in at 100 dpi) shows its legend and labels at the size they were drawn, 9 pt or larger."""
+    """At 1400 px no image is shrunk to fit the column (736 px): a plot drawn for the column (7.2 in
+    at 100 dpi) shows its legend and labels at the size they were drawn, 9 pt or larger."""
     shrunk = {page: [f"{(i['alt'] or i['src'])[:50]}: {i['natural']} px shown at {i['shown']:.0f}"
                      for i in r["images"] if i["natural"] > i["shown"] + 1]
               for page, r in visits.items()}
-    assert_only_the_known_pages({page: found for page, found in shrunk.items() if found},
-                                IMAGES_NOT_YET_DRAWN_FOR_THE_COLUMN, "images shrunk to fit the column")
+    shrunk = {page: found for page, found in shrunk.items() if found}
+    assert not shrunk, f"images shrunk to fit the column: {json.dumps(shrunk, indent=1)}"
 
 
 @needs_chromium

@@ -557,7 +557,7 @@ def test_the_readme_figure_is_the_one_the_shipped_results_draw(tmp_path):
     committed = Image.open(IMAGE)
     assert committed.info["aftalibi-results"] == figure_digest(results), (
         "docs/_static/extrapolation.png was drawn from other results: run `make figure`")
-    assert committed.size == (740, 520), "drawn at the docs' column width, 7.4 in at 100 dpi"
+    assert committed.size == (720, 520), "drawn for the docs' column (736 px), 7.2 in at 100 dpi"
     changed = {**results, "evaluations": [{**r, "loss": None if r["loss"] is None else r["loss"] + 0.1}
                                           for r in results["evaluations"]]}
     assert figure_digest(changed) != figure_digest(results)  # another loss: another digest

@@ -1,7 +1,9 @@
 """The repository keeps its promises: notebooks and package agree, notebooks are committed
 clean, and environment.yml installs what pyproject.toml declares."""
 
+import importlib.util
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -108,3 +110,22 @@ def test_notebook_code_fits_the_docs_column(notebook):
     """The docs show code cells 88 characters wide: longer lines scroll sideways."""
     wide = [line for cell in code_cells(notebook) for line in cell.splitlines() if len(line) > 88]
     assert not wide, f"{notebook}: code lines over 88 characters: {wide}"
+
+
+def test_tests_that_share_fixtures_per_file_run_in_one_worker():
+    """pytest-xdist deals out single tests except the files in the root conftest.py's
+    ONE_WORKER_PER_FILE: a file with a module- or class-scoped fixture must be listed there, or two
+    workers would each make the fixture (a fresh Colab environment, a browser) for half the file."""
+    spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
+    root_conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(root_conftest)
+    ONE_WORKER_PER_FILE, LONGEST_FIRST, work_unit = (
+        root_conftest.ONE_WORKER_PER_FILE, root_conftest.LONGEST_FIRST, root_conftest.work_unit)
+
+    shared = {f"tests/{path.name}" for path in sorted((ROOT / "tests").glob("test_*.py"))
+              if re.search(r"fixture\(.*scope=[\"'](module|class|package)", path.read_text(encoding="utf-8"))}
+    assert shared <= set(ONE_WORKER_PER_FILE), f"add to ONE_WORKER_PER_FILE: {sorted(shared - set(ONE_WORKER_PER_FILE))}"
+    assert all((ROOT / path).is_file() for path in (*ONE_WORKER_PER_FILE, *LONGEST_FIRST))
+    assert work_unit("notebooks/06_train.ipynb::Cell 3") == "notebooks/06_train.ipynb"
+    assert work_unit("tests/test_colab.py::test_every_notebook[01]") == "tests/test_colab.py"
+    assert work_unit("tests/test_aft.py::test_x[a-b]") == "tests/test_aft.py::test_x[a-b]"
