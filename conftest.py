@@ -18,7 +18,13 @@ if not torch.cuda.is_available():
 os.environ.setdefault("AFTALIBI_FAST", "1")
 
 
-def pytest_collection_modifyitems(items):
+def pytest_collection_modifyitems(config, items):
+    compare_every_cell(items)
+    if hasattr(config, "workerinput"):  # a pytest-xdist worker
+        collect_longest_first(items)
+
+
+def compare_every_cell(items):
     """Compare every notebook cell's outputs, although the notebooks are committed clean.
 
     `nbdev-clean` strips execution counts so that diffs stay small, and nbval reads a missing
@@ -102,13 +108,10 @@ def work_unit(nodeid: str) -> str:
     return path if path.endswith(".ipynb") or path in ONE_WORKER_PER_FILE else nodeid
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config, items):
+def collect_longest_first(items):
     """Under pytest-xdist, collect the longest units first: the scheduler below hands the units out
     in the order of the collection (every worker sorts alike, so their collections agree). The sort
     is stable, so a notebook's cells keep their order."""
-    if not hasattr(config, "workerinput"):
-        return
     rank = {path: index for index, path in enumerate(LONGEST_FIRST)}
     cells = defaultdict(int)
     for item in items:

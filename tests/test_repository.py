@@ -1,6 +1,7 @@
 """The repository keeps its promises: notebooks and package agree, notebooks are committed
 clean, and environment.yml installs what pyproject.toml declares."""
 
+import ast
 import importlib.util
 import json
 import re
@@ -129,3 +130,18 @@ def test_tests_that_share_fixtures_per_file_run_in_one_worker():
     assert work_unit("notebooks/06_train.ipynb::Cell 3") == "notebooks/06_train.ipynb"
     assert work_unit("tests/test_colab.py::test_every_notebook[01]") == "tests/test_colab.py"
     assert work_unit("tests/test_aft.py::test_x[a-b]") == "tests/test_aft.py::test_x[a-b]"
+
+
+def test_no_module_defines_a_function_twice():
+    """A second `def` of a name silently replaces the first: in a conftest.py, a second
+    `pytest_collection_modifyitems` once switched off the first one's comparison of every notebook
+    cell (nbval then failed every cell that had an output)."""
+    twice = {}
+    for path in [ROOT / "conftest.py", *sorted((ROOT / "tests").glob("*.py")),
+                 *sorted((ROOT / "aftalibi").glob("*.py")), *sorted((ROOT / "benchmarks").glob("*.py"))]:
+        names = [node.name for node in ast.parse(path.read_text(encoding="utf-8")).body
+                 if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))]
+        repeated = sorted({name for name in names if names.count(name) > 1 and name != "_"})  # _: unnamed
+        if repeated:
+            twice[str(path.relative_to(ROOT))] = repeated
+    assert not twice, f"defined twice: {twice}"
