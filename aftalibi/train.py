@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import os
 import time
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -21,8 +22,9 @@ from .runs import _mps_available  # noqa: F401
 
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'TrainConfig', 'resumed_settings', 'learning_rate_factor', 'learning_rate_at',
-           'training_precision', 'mixed_precision', 'muon_parameters', 'make_optimizer', 'optimizer_step', 'evaluate',
-           'sample_windows', 'compact_tokens', 'start_run', 'train_steps', 'finish_evaluation', 'train']
+           'training_precision', 'mixed_precision', 'muon_parameters', 'make_optimizer', 'optimizer_step',
+           'newton_schulz', 'muon_in_float32', 'evaluate', 'sample_windows', 'compact_tokens', 'start_run',
+           'train_steps', 'finish_evaluation', 'train']
 
 # %% ../notebooks/06_train.ipynb #7eb4b334
 OPTIMIZERS = ("adamw", "muon")
@@ -167,9 +169,46 @@ def optimizer_step(loss: torch.Tensor, model: torch.nn.Module,
         for part in parts:
             scaler.unscale_(part)  # the clipping sees the true gradients
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    for part in parts:
-        scaler.step(part)  # skipped when float16 gradients overflowed
+    device = next(model.parameters()).device
+    with muon_in_float32(device.type == "cpu" and not cpu_has_bf16_matmul()):
+        for part in parts:
+            scaler.step(part)  # skipped when float16 gradients overflowed
     scaler.update()
+
+# %% ../notebooks/06_train.ipynb #1be686fe
+def newton_schulz(matrix: torch.Tensor, steps: int = 5,
+                  coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
+                  eps: float = 1e-7) -> torch.Tensor:
+    r"""$\mathrm{NS}_5$ of `matrix` in float32: approximately $U V^\top$ where `matrix`
+    $= U \Sigma V^\top$ (the iteration above)."""
+    a, b, c = coefficients
+    tall = matrix.size(0) > matrix.size(1)
+    x = matrix.float().T if tall else matrix.float()  # X X^T: the smaller Gram matrix
+    x = x / x.norm().clamp(min=eps)  # every singular value <= 1
+    for _ in range(steps):
+        gram = x @ x.T  # A_k = X_k X_k^T
+        x = a * x + (b * gram + c * gram @ gram) @ x  # a X + (b A + c A^2) X
+    return x.T if tall else x
+
+
+@contextmanager
+def muon_in_float32(enabled: bool = True):
+    """torch.optim.Muon's steps inside take `newton_schulz` in float32 instead of
+    torch's own iteration in bf16. torch has no option for it: its private function
+    is swapped for the duration, and a torch without that function steps as before."""
+    muon_module = getattr(torch.optim, "_muon", None)
+    original = getattr(muon_module, "_zeropower_via_newtonschulz", None)
+    if not enabled or original is None:
+        yield
+        return
+    def in_float32(grad, coefficients, steps, eps):  # torch's signature
+        return newton_schulz(grad, steps, coefficients, eps)
+
+    muon_module._zeropower_via_newtonschulz = in_float32
+    try:
+        yield
+    finally:
+        muon_module._zeropower_via_newtonschulz = original
 
 # %% ../notebooks/06_train.ipynb #1f0fc39f
 @torch.no_grad()

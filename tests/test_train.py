@@ -417,3 +417,46 @@ def test_the_loop_reads_from_the_device_only_when_it_reports(corpus_file, tmp_pa
     with LoopReads() as reads:
         train(TINY_MODEL, config, quiet=True)
     assert len(reads.lines) == max_steps // log_every + 2, reads.lines  # the reports, the final evaluation and checkpoint
+
+
+def newton_schulz_float64(matrix: torch.Tensor, steps: int = 5, a=3.4445, b=-4.7750, c=2.0315) -> torch.Tensor:
+    """NS_5 as notebook 06 writes it, X <- a X + (b A + c A^2) X with A = X X^T, in float64."""
+    x = matrix.double() / matrix.double().norm()
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x
+
+
+@pytest.mark.parametrize("shape", [(32, 48), (48, 32), (40, 40), (1, 7)])
+def test_newton_schulz_is_the_iteration_in_float32(shape):
+    """Wide, tall (computed on the transpose, whose Gram matrix is smaller) and square."""
+    matrix = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    ours = training.newton_schulz(matrix)
+    assert ours.dtype == torch.float32 and ours.shape == matrix.shape
+    assert (ours.double() - newton_schulz_float64(matrix)).abs().max() < 1e-5
+    assert training.newton_schulz(torch.zeros(3, 4)).isfinite().all()  # eps keeps 0 / 0 away
+
+
+@pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
+def test_muon_steps_in_float32_where_bf16_is_emulated(monkeypatch):
+    """On a CPU without bf16 instructions the training step's Muon computes its Newton-Schulz
+    iteration in float32 (what the float64 iteration gives, to 1e-5); with them, in torch's bf16
+    (off by bf16's rounding). torch's own function is back in place after each step."""
+    muon_module = torch.optim._muon
+    original = muon_module._zeropower_via_newtonschulz
+    for has_bf16, bounds in ((False, (0, 1e-5)), (True, (1e-3, 0.25))):
+        monkeypatch.setattr(training, "cpu_has_bf16_matmul", lambda has_bf16=has_bf16: has_bf16)
+        torch.manual_seed(0)
+        layer = torch.nn.Linear(48, 32, bias=False)  # [32, 48]: Muon's learning-rate scale is 1
+        weight = layer.weight.detach().clone()
+        muon = torch.optim.Muon([layer.weight], lr=1.0, weight_decay=0.0, adjust_lr_fn="original")
+        loss = layer(torch.randn(16, 48)).square().sum()
+        training.optimizer_step(loss, layer, muon, torch.amp.GradScaler("cpu", enabled=False), grad_clip=0.0)
+        # The first step's Nesterov momentum is a multiple of the gradient, and NS_5 divides by its norm.
+        error = ((weight - layer.weight.detach()).double() - newton_schulz_float64(layer.weight.grad)).abs().max()
+        assert bounds[0] <= error < bounds[1], (has_bf16, error.item())
+        assert muon_module._zeropower_via_newtonschulz is original
+    with pytest.raises(RuntimeError), training.muon_in_float32():
+        raise RuntimeError("a step that fails")
+    assert muon_module._zeropower_via_newtonschulz is original
