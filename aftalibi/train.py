@@ -175,7 +175,7 @@ def optimizer_step(loss: torch.Tensor, model: torch.nn.Module,
             scaler.step(part)  # skipped when float16 gradients overflowed
     scaler.update()
 
-# %% ../notebooks/06_train.ipynb #1be686fe
+# %% ../notebooks/06_train.ipynb #f9664cab
 def newton_schulz(matrix: torch.Tensor, steps: int = 5,
                   coefficients: tuple[float, float, float] = (3.4445, -4.7750, 2.0315),
                   eps: float = 1e-7) -> torch.Tensor:
