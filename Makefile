@@ -1,7 +1,7 @@
 # One-command set-up: every target builds the virtual environment it needs first.
 #   make demo   - the main job (runs on a CPU with the built-in defaults)
 #   make test   - everything: unit tests, every notebook under nbval, Colab play, docs in a browser
-#   make check  - the inner loop (about 2 min): unit tests and the export check, no test marked slow
+#   make check  - the inner loop (3.6 min on 2 cores): unit tests and the export check, no test marked slow
 #   make docs   - the HTML docs, offline, in English, Japanese and Sinhala, into docs/_build/html
 #   make translations - refresh the catalogues docs/locales/ after the English changed; coverage
 #   make lab    - JupyterLab on the notebooks (installs the notebooks extra once)
