@@ -23,8 +23,8 @@ from .runs import _mps_available  # noqa: F401
 # %% auto #0
 __all__ = ['OPTIMIZERS', 'PRECISIONS', 'TrainConfig', 'resumed_settings', 'learning_rate_factor', 'learning_rate_at',
            'training_precision', 'mixed_precision', 'muon_parameters', 'make_optimizer', 'optimizer_step',
-           'newton_schulz', 'muon_in_float32', 'evaluate', 'sample_windows', 'compact_tokens', 'start_run',
-           'train_steps', 'finish_evaluation', 'train']
+           'newton_schulz', 'muon_in_float32', 'MuonInFloat32', 'evaluate', 'sample_windows', 'compact_tokens',
+           'start_run', 'train_steps', 'finish_evaluation', 'train']
 
 # %% ../notebooks/06_train.ipynb #7eb4b334
 OPTIMIZERS = ("adamw", "muon")
@@ -151,7 +151,10 @@ def make_optimizer(model: LanguageModel,
     if not hidden:
         return adamw
     matrices = [p for n, p in model.named_parameters() if n in hidden]
-    muon = torch.optim.Muon(  # no weight decay for Muon's group
+    # torch's own Muon, but where bf16 is emulated (a CPU without bf16 instructions)
+    # the one whose Newton-Schulz iteration runs in float32 (below)
+    emulated = matrices[0].device.type == "cpu" and not cpu_has_bf16_matmul()
+    muon = (MuonInFloat32 if emulated else torch.optim.Muon)(  # no weight decay
         [{"params": matrices, "peak_lr": config.muon_learning_rate}],
         lr=config.muon_learning_rate, weight_decay=0.0, adjust_lr_fn="original")
     return Optimizers(muon, adamw)
@@ -169,10 +172,8 @@ def optimizer_step(loss: torch.Tensor, model: torch.nn.Module,
         for part in parts:
             scaler.unscale_(part)  # the clipping sees the true gradients
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    device = next(model.parameters()).device
-    with muon_in_float32(device.type == "cpu" and not cpu_has_bf16_matmul()):
-        for part in parts:
-            scaler.step(part)  # skipped when float16 gradients overflowed
+    for part in parts:
+        scaler.step(part)  # skipped when float16 gradients overflowed
     scaler.update()
 
 # %% ../notebooks/06_train.ipynb #f9664cab
@@ -192,15 +193,16 @@ def newton_schulz(matrix: torch.Tensor, steps: int = 5,
 
 
 @contextmanager
-def muon_in_float32(enabled: bool = True):
+def muon_in_float32():
     """torch.optim.Muon's steps inside take `newton_schulz` in float32 instead of
     torch's own iteration in bf16. torch has no option for it: its private function
     is swapped for the duration, and a torch without that function steps as before."""
     muon_module = getattr(torch.optim, "_muon", None)
     original = getattr(muon_module, "_zeropower_via_newtonschulz", None)
-    if not enabled or original is None:
+    if original is None:
         yield
         return
+
     def in_float32(grad, coefficients, steps, eps):  # torch's signature
         return newton_schulz(grad, steps, coefficients, eps)
 
@@ -209,6 +211,15 @@ def muon_in_float32(enabled: bool = True):
         yield
     finally:
         muon_module._zeropower_via_newtonschulz = original
+
+
+class MuonInFloat32(getattr(torch.optim, "Muon", object)):  # Muon: torch >= 2.9
+    """torch.optim.Muon whose every step runs `muon_in_float32`: what `make_optimizer`
+    builds where bf16 is emulated."""
+
+    def step(self, closure=None):
+        with muon_in_float32():
+            return super().step(closure)
 
 # %% ../notebooks/06_train.ipynb #1f0fc39f
 @torch.no_grad()

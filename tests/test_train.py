@@ -440,19 +440,22 @@ def test_newton_schulz_is_the_iteration_in_float32(shape):
 
 @pytest.mark.skipif(not hasattr(torch.optim, "Muon"), reason="torch.optim.Muon needs torch >= 2.9")
 def test_muon_steps_in_float32_where_bf16_is_emulated(monkeypatch):
-    """On a CPU without bf16 instructions the training step's Muon computes its Newton-Schulz
-    iteration in float32 (what the float64 iteration gives, to 1e-5); with them, in torch's bf16
-    (off by bf16's rounding). torch's own function is back in place after each step."""
+    """On a CPU without bf16 instructions make_optimizer's Muon computes its Newton-Schulz iteration
+    in float32 (what the float64 iteration gives, to 1e-5); with them it is torch's own, in bf16 (off
+    by bf16's rounding). torch's own function is back in place after each step."""
     muon_module = torch.optim._muon
     original = muon_module._zeropower_via_newtonschulz
+    model = LanguageModel(ModelConfig(vocab_size=80, d_model=16, n_layers=1, n_heads=2, d_ff=32))
     for has_bf16, bounds in ((False, (0, 1e-5)), (True, (1e-3, 0.25))):
         monkeypatch.setattr(training, "cpu_has_bf16_matmul", lambda has_bf16=has_bf16: has_bf16)
+        muon_class = type(training.make_optimizer(model, TrainConfig(optimizer="muon")).optimizers[0])
+        assert muon_class is (torch.optim.Muon if has_bf16 else training.MuonInFloat32)
         torch.manual_seed(0)
         layer = torch.nn.Linear(48, 32, bias=False)  # [32, 48]: Muon's learning-rate scale is 1
         weight = layer.weight.detach().clone()
-        muon = torch.optim.Muon([layer.weight], lr=1.0, weight_decay=0.0, adjust_lr_fn="original")
-        loss = layer(torch.randn(16, 48)).square().sum()
-        training.optimizer_step(loss, layer, muon, torch.amp.GradScaler("cpu", enabled=False), grad_clip=0.0)
+        muon = muon_class([layer.weight], lr=1.0, weight_decay=0.0, adjust_lr_fn="original")
+        layer(torch.randn(16, 48)).square().sum().backward()
+        muon.step()
         # The first step's Nesterov momentum is a multiple of the gradient, and NS_5 divides by its norm.
         error = ((weight - layer.weight.detach()).double() - newton_schulz_float64(layer.weight.grad)).abs().max()
         assert bounds[0] <= error < bounds[1], (has_bf16, error.item())
