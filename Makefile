@@ -1,6 +1,6 @@
 # One-command set-up: every target builds the virtual environment it needs first.
 #   make demo   - the main job (runs on a CPU with the built-in defaults)
-#   make test   - everything: unit tests, every notebook under nbval, Colab play, docs in a browser
+#   make test   - everything: unit tests, every notebook under nbval as Colab opens it, docs in a browser
 #   make check  - the inner loop (3.6 min on 2 cores): unit tests and the export check, no test marked slow
 #   make docs   - the HTML docs, offline, in English, Japanese and Sinhala, into docs/_build/html
 #   make translations - refresh the catalogues docs/locales/ after the English changed; coverage
@@ -26,16 +26,17 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
-# tests/test_colab.py plays Colab offline: a fresh environment installs torch, numpy, matplotlib
-# and ipykernel from these wheels, and then the notebooks' install cell aftalibi's dependencies,
-# all at the versions installed in $(VENV). Only `make test` needs them. A torch that no configured
-# index has (a local build) cannot be downloaded: then only that test fails, and says why.
+# nbval runs the notebooks as Colab opens them, offline (tests/colab_kernel.py): a fresh environment
+# installs torch, numpy, matplotlib and ipykernel from these wheels, and then the notebooks' install
+# cell aftalibi's dependencies, all at the versions installed in $(VENV). Only `make test` needs
+# them. A torch that no configured index has (a local build) cannot be downloaded: then the
+# notebooks fail and say why (`pytest --nbval --nbval-current-env` runs them in $(VENV) instead).
 $(COLAB_WHEELS): $(STAMP)
 	$(BIN)/python -m pip freeze --exclude-editable > $(VENV)/pinned.txt
 	$(BIN)/python -m pip download --quiet --dest $(VENV)/colab-wheels --constraint $(VENV)/pinned.txt \
 		torch numpy matplotlib ipykernel ".[triton]" \
 		&& touch $(COLAB_WHEELS) \
-		|| echo "could not download the wheels of tests/test_colab.py into $(VENV)/colab-wheels"
+		|| echo "could not download the wheels of tests/colab_kernel.py into $(VENV)/colab-wheels"
 
 install: $(STAMP)
 
@@ -52,8 +53,8 @@ test: $(STAMP) $(COLAB_WHEELS)
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # The quick tier: tests/ without the notebooks under nbval and without the tests marked slow (the
-# Triton kernels in Triton's interpreter, the benchmark scripts and fault injection, the Colab play,
-# the docs build and browser); the export and sync checks (tests/test_repository.py) included.
+# Triton kernels in Triton's interpreter, the benchmark scripts and fault injection, the docs build
+# and browser); the export and sync checks (tests/test_repository.py) included.
 check: $(STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_PARALLEL) -m "not slow"
 

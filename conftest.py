@@ -4,8 +4,10 @@ import os
 import time
 from collections import defaultdict
 
-import pytest
 import torch
+
+# nbval runs the notebooks as Colab opens them: alone, in a fresh environment (tests/colab_kernel.py).
+pytest_plugins = ["tests.colab_kernel"]
 
 # Without a GPU, the Triton kernels (the AFT kernel "triton") run in Triton's interpreter, which is
 # chosen when a kernel is defined: before aftalibi.aft_triton is imported, here and in every
@@ -86,19 +88,19 @@ class SuiteTime:
 # How pytest-xdist deals the suite out to its workers (`make test` and `make check` run with
 # `-n auto`). A work unit goes to one worker whole:
 # - a notebook (nbval runs its cells in order in one kernel);
-# - a test file whose fixtures are made once per file (ONE_WORKER_PER_FILE: tests/test_colab.py
-#   builds a fresh environment, tests/test_docs.py drives one browser over the built site);
+# - a test file whose fixtures are made once per file (ONE_WORKER_PER_FILE: tests/test_docs.py
+#   drives one browser over the built site);
 # - every other test on its own, so that a long file (the AFT kernels' property tests, the
 #   signal and fault-injection tests) is spread over all the cores instead of holding one.
 # The longest units start first (LONGEST_FIRST, then the notebooks by their number of cells) and
 # the single tests fill in around them, so that no worker is left with a long unit at the end
 # (with a whole file per worker, tests/test_aft_kernels.py alone held one worker for 9 minutes).
-ONE_WORKER_PER_FILE = ("tests/test_colab.py", "tests/test_docs.py", "tests/test_translations.py",
+ONE_WORKER_PER_FILE = ("tests/test_docs.py", "tests/test_translations.py",
                        "tests/test_data.py")
 # Longest first, as the "suite time" section of a run lists the slowest files: keep this in step
 # with it. tests/test_docs.py builds the site that tests/test_translations.py reads (`docs_site`),
 # so it starts well before it, and the other worker is not left waiting for the build.
-LONGEST_FIRST = ("tests/test_colab.py", "tests/test_docs.py", "notebooks/06_train.ipynb",
+LONGEST_FIRST = ("tests/test_docs.py", "notebooks/06_train.ipynb",
                  "notebooks/07_extrapolation.ipynb", "tests/test_translations.py")
 
 
@@ -136,6 +138,24 @@ def pytest_xdist_make_scheduler(config, log):
     return ByWorkUnit(config, log)
 
 
+def share_the_cores(config):
+    """Under pytest-xdist, give each worker its share of the cores for torch's threads.
+
+    Every worker runs a test at all times, and each would otherwise start one thread per core:
+    on 2 cores, 2 workers ran 4 threads, and every parallel operation waited for a thread that
+    the other worker's process had taken off its core (the demo model sampled 400 characters
+    2.6 times slower on 2 threads than on 1 beside a busy core). The variable reaches what a test
+    starts (notebook kernels, the command line, torchrun); a test that measures threads sets its
+    own. A caller's OMP_NUM_THREADS is kept."""
+    if not hasattr(config, "workerinput"):
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = str(max(1, cores // config.workerinput["workercount"]))
+    os.environ.setdefault("OMP_NUM_THREADS", threads)
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes over 30 s by design; `make check` leaves it out")
     config.pluginmanager.register(SuiteTime(), "suite-time")
+    share_the_cores(config)

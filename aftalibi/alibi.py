@@ -143,6 +143,8 @@ def alibi_attention(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor, *,
                          f"T_k={k_len}")
     key_is_real = (None if attention_mask is None
                    else check_attention_mask(attention_mask, batch, k_len))
+    if q_len == 0:  # no queries: an empty output, as softmax attention gives
+        return q @ k.transpose(-1, -2) @ v  # [B, H, 0, d_v], in autograd's graph
     # One per-key bias row serves every query when attention is causal over the same T
     # positions, unpadded, with fixed slopes (the engineering notes at the end).
     causal_whole_sequence = (causal and key_is_real is None and q_len == k_len

