@@ -4,13 +4,14 @@ against the float64 reference of the AFT equation, at numeric extremes, with a d
 does not grow with the sequence or the batch, and under torch.compile with no graph break."""
 
 import collections
+import dataclasses
 import importlib.util
 import os
 import shutil
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -28,6 +29,20 @@ TRITON_ON_CPU = aft_triton.unavailable_reason("cpu")
 needs_triton = pytest.mark.skipif(TRITON_ON_CPU is not None, reason=str(TRITON_ON_CPU))
 # The Triton cases run in Triton's interpreter: minutes on a CPU, so `make check` leaves them out.
 GPU_KERNELS = [GPU, pytest.param("triton", marks=[needs_triton, pytest.mark.slow])]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def interpreter_without_overflow_checks():
+    """Triton's interpreter checks every integer +, - and * of a kernel for int32 overflow, a debugging
+    aid that compiled kernels leave out: 40% of the interpreter's time here, for offsets that at these
+    sizes stay below 2^20, where no check can fire. The kernels compute the same without it."""
+    builder = None
+    if aft_triton.TRITON_AVAILABLE and aft_triton.INTERPRETED:
+        from triton.runtime.interpreter import interpreter_builder as builder
+    with pytest.MonkeyPatch.context() as patch:
+        if getattr(getattr(builder, "options", None), "sanitize_overflow", False):
+            patch.setattr(builder, "options", dataclasses.replace(builder.options, sanitize_overflow=False))
+        yield
 
 
 def run_op(op, q, k, v, w, kernel, window, causal, mask):
@@ -107,13 +122,41 @@ def test_the_triton_tests_are_skipped_only_for_the_known_interpreter_failure():
     assert (aft_triton.INTERPRETER_LOOP_FAILURE is not None) == known
 
 
-@settings(max_examples=40, deadline=None)
-@given(op=st.sampled_from(["local", "full", "simple", "conv"]), batch=st.integers(1, 2), length=st.integers(1, 150),
-       window=st.integers(1, 70), heads=st.sampled_from([1, 2]), causal=st.booleans(), padded=st.booleans(),
-       seed=st.integers(0, 2**16))
-@pytest.mark.parametrize("implementation", GPU_KERNELS)
-def test_every_variant_and_its_gradients_equal_the_float64_reference(implementation, op, batch, length, window, heads,
-                                                                    causal, padded, seed):
+# What the property tests draw: every op, lengths of one to three blocks of 64 positions (the
+# Triton kernels' L and the blockwise path's least block), windows from 1 to wider than a block.
+VARIANTS = dict(op=st.sampled_from(["local", "full", "simple", "conv"]), batch=st.integers(1, 2),
+                length=st.integers(1, 150), window=st.integers(1, 70), heads=st.sampled_from([1, 2]),
+                causal=st.booleans(), padded=st.booleans(), seed=st.integers(0, 2**16))
+# The cases at the blocks' boundaries, tried first on every implementation (the drawn examples hit
+# them only by chance).
+BOUNDARY_CASES = [
+    # T = 1, s = 1: batch element 1's only key is padded (seed 4), a row with no key at all
+    dict(op="simple", batch=2, length=1, window=1, heads=1, causal=True, padded=True, seed=4),
+    # three blocks, the last of 22 positions: block 0 carried to block 2; causal rows with no key yet
+    dict(op="local", batch=2, length=150, window=5, heads=1, causal=True, padded=True, seed=1),
+    dict(op="local", batch=1, length=150, window=5, heads=1, causal=False, padded=False, seed=2),
+    # a window wider than a block (each block reaches two blocks each side), a last block of one
+    # position, two heads
+    dict(op="conv", batch=1, length=129, window=70, heads=2, causal=False, padded=True, seed=3),
+    # exactly one block; one head (every channel shares its key)
+    dict(op="conv", batch=1, length=64, window=9, heads=1, causal=True, padded=False, seed=5),
+    # s = 1: only the own position inside the window
+    dict(op="conv", batch=1, length=100, window=1, heads=2, causal=True, padded=True, seed=6),
+    # AFT-full: two blocks, the second of one position; two whole blocks
+    dict(op="full", batch=2, length=65, window=1, heads=1, causal=True, padded=True, seed=7),
+    dict(op="full", batch=1, length=128, window=1, heads=1, causal=False, padded=False, seed=8),
+    # a window wider than the sequence
+    dict(op="local", batch=1, length=40, window=70, heads=1, causal=False, padded=True, seed=9),
+]
+
+
+def with_boundary_cases(test):
+    for case in reversed(BOUNDARY_CASES):  # decorators apply bottom up: keep the list's order
+        test = example(**case)(test)
+    return test
+
+
+def assert_variant_equals_the_reference(implementation, op, batch, length, window, heads, causal, padded, seed):
     generator = torch.Generator().manual_seed(seed)
     d = 4
     q, k, v = (torch.randn(batch, length, d, dtype=float64, generator=generator, requires_grad=True) for _ in range(3))
@@ -122,7 +165,7 @@ def test_every_variant_and_its_gradients_equal_the_float64_reference(implementat
     mask = None
     if padded:
         mask = torch.rand(batch, length, generator=generator) < 0.3
-        mask[0, : length // 2] = True  # rows with no key yet (causal), a fully padded row when T = 1
+        mask[0, : length // 2] = True  # rows with no key yet (causal)
     inputs = (q, k, v, w, kernel)
     with aft_kernel(implementation):
         ours, reference = run_op(op, q, k, v, w, kernel, window, causal, mask)
@@ -138,11 +181,34 @@ def test_every_variant_and_its_gradients_equal_the_float64_reference(implementat
         torch.testing.assert_close(got, wanted, rtol=1e-9, atol=1e-9, msg=lambda m: f"grad of {name}: {m}")
 
 
-def extreme(kind, length=300, d=4):
+@settings(max_examples=40, deadline=None)
+@with_boundary_cases
+@given(**VARIANTS)
+def test_every_variant_and_its_gradients_equal_the_float64_reference(op, batch, length, window, heads, causal,
+                                                                    padded, seed):
+    assert_variant_equals_the_reference(GPU, op, batch, length, window, heads, causal, padded, seed)
+
+
+# Triton's interpreter runs every program of a launch in Python, a few tenths of a second for each
+# block of 64 positions and batch element (forward and backward): the boundary cases above, and
+# fewer drawn examples than for the blockwise path.
+@needs_triton
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None)
+@with_boundary_cases
+@given(**VARIANTS)
+def test_the_triton_kernels_and_their_gradients_equal_the_float64_reference(op, batch, length, window, heads, causal,
+                                                                           padded, seed):
+    assert_variant_equals_the_reference("triton", op, batch, length, window, heads, causal, padded, seed)
+
+
+def extreme(kind, length=200, d=4):
+    """Inputs `[2, T, d]` at a numeric extreme. T = 200: four blocks of 64, so that a block is carried
+    the totals of two earlier blocks with other shifts, and the last block is partial."""
     generator = torch.Generator().manual_seed(5)
     q, k, v = torch.randn(3, 2, length, d, dtype=float64, generator=generator)
     w = torch.randn(length, length, dtype=float64, generator=generator)
-    if kind == "keys rise along time":  # by 300 over the sequence: a max over the future underflows the start
+    if kind == "keys rise along time":  # by T over the sequence: a max over the future underflows the start
         k = k + torch.arange(length, dtype=float64)[:, None]
     elif kind == "huge keys":
         k = 1e4 + k
@@ -170,6 +236,10 @@ def extreme_kernel(kind, heads=2, window=9):
 @pytest.mark.parametrize("implementation", ["cpu-chunked"] + GPU_KERNELS)
 def test_extremes_stay_finite_and_exact(implementation, kind, causal, op):
     q, k, v, w = extreme(kind)
+    if implementation == "triton":
+        # one sequence: the interpreter runs the programs of each batch element in turn, and the
+        # batch's offsets are the property tests' to check
+        q, k, v = q[:1], k[:1], v[:1]
     kernel = extreme_kernel(kind)
     _, reference = run_op(op, q, k, v, w, kernel, 9, causal, None)
     for dtype, tolerance in [(float64, 1e-9), (torch.float32, 1e-4)]:
@@ -231,12 +301,13 @@ def test_dispatched_ops_do_not_grow_with_length_or_batch(implementation, name):
     """No loop whose trip count depends on T or B: one fwd+bwd dispatches the same ATen ops (a Triton
     kernel launch is not an ATen op: what is counted is the PyTorch around the kernels)."""
     layer = make_layer(name)
-    short = dispatched_ops(layer, 1, 256, padded=True, implementation=implementation)
-    longer = 4096 if name != "full" else 2048
+    # lengths of whole blocks of 64 (a partial block adds the ops that pad it)
+    length, longer = 256, (4096 if name != "full" else 2048)
     if implementation == "triton":  # the interpreter runs each program in Python: keep the grid small
-        longer = 1024
+        length, longer = 128, 512
+    short = dispatched_ops(layer, 1, length, padded=True, implementation=implementation)
     assert dispatched_ops(layer, 1, longer, padded=True, implementation=implementation) == short
-    assert dispatched_ops(layer, 8, 256, padded=True, implementation=implementation) == short
+    assert dispatched_ops(layer, 8, length, padded=True, implementation=implementation) == short
     assert not any("item" in op or "local_scalar_dense" in op for op in short), "a host-device sync"
 
 
