@@ -562,8 +562,9 @@ def test_api_links_stay_on_their_signature(visits, width):
 
 
 # Run on a page: the names in code in its title that the browser broke over two lines.
-TITLE_NAMES_BROKEN = """
-return [...document.querySelectorAll("article[role=main] h1 code")]
+TITLE_CODE = "article[role=main] h1 code"
+TITLE_NAMES_BROKEN = f"""
+return [...document.querySelectorAll("{TITLE_CODE}")]
   .filter(code => code.getClientRects().length > 1).map(code => code.textContent);
 """
 
@@ -572,7 +573,9 @@ return [...document.querySelectorAll("article[role=main] h1 code")]
 def test_titles_keep_a_name_on_one_line_on_a_phone(visits):
     """At 390 px a title that names a module (`aftalibi.experiment_files`, `aftalibi/alibi.py`)
     keeps the name on one line: at the theme's title size it broke in the middle of the name."""
-    broken = {page: names for page, r in visits.items() if (names := r["layout"][390]["titles"])}
+    checked = {page: r["layout"][390]["titles"] for page, r in visits.items() if "titles" in r["layout"].get(390, {})}
+    assert {f"api/{module}.html" for module in PUBLIC_MODULES} <= set(checked), "titles naming a module not checked"
+    broken = {page: names for page, names in checked.items() if names}
     assert not broken, f"titles whose names break over two lines at 390 px: {broken}"
 
 
@@ -584,13 +587,15 @@ def wide_math(selector: str) -> str:
 
 
 # What the browser measures of a page's layout: (the check's name, the widths in px, the folder of
-# the pages it applies to ("" for every page), its script). `visits` runs them on each page.
+# the pages it applies to ("" for every page), the elements its script measures where a page
+# without them has nothing to find (None: any page of the folder), its script). `visits` runs them
+# on each page.
 LAYOUT_CHECKS = [
-    ("annotated", (1400, 900, 390), "annotated/", ANNOTATED_LAYOUT),
-    ("api links", (1400, 390), "api/", LINKS_OUTSIDE_SIGNATURE),
-    ("titles", (390,), "", TITLE_NAMES_BROKEN),
-    ("formulas", (1400,), "annotated/", wide_math("div.annotated-notes div.math")),
-    ("formulas", (1400,), "notebooks/", wide_math("div.math")),
+    ("annotated", (1400, 900, 390), "annotated/", None, ANNOTATED_LAYOUT),
+    ("api links", (1400, 390), "api/", None, LINKS_OUTSIDE_SIGNATURE),
+    ("titles", (390,), "", TITLE_CODE, TITLE_NAMES_BROKEN),
+    ("formulas", (1400,), "annotated/", None, wide_math("div.annotated-notes div.math")),
+    ("formulas", (1400,), "notebooks/", None, wide_math("div.math")),
 ]
 
 
@@ -599,17 +604,18 @@ def layouts(browser, page: str) -> dict[int, dict]:
     the browser shows at 1400 px, typeset. For a narrower width the window is narrowed and the same
     page measured: its layout is the stylesheets' (media queries), which a narrowed window applies
     as a page opened at that width has them, while opening it again would cost as much as the first
-    time. The window is back at 1400 px after."""
+    time. A page is narrowed only for the checks that have something to measure on it (a notebook's
+    title holds no name in code). The window is back at 1400 px after."""
+    applying = [(name, widths, script) for name, widths, folder, elements, script in LAYOUT_CHECKS
+                if page.startswith(folder) and (elements is None or browser.execute_script(
+                    "return document.querySelector(arguments[0]) !== null", elements))]
     found, width_now = {}, 1400
     try:
-        for width in sorted({width for _, widths, _, _ in LAYOUT_CHECKS for width in widths}, reverse=True):
-            checks = [(name, script) for name, widths, folder, script in LAYOUT_CHECKS
-                      if width in widths and page.startswith(folder)]
-            if checks:
-                if width != width_now:
-                    browser.set_window_size(width, 1000)
-                    width_now = width
-                found[width] = {name: browser.execute_script(script) for name, script in checks}
+        for width in sorted({width for _, widths, _ in applying for width in widths}, reverse=True):
+            if width != width_now:
+                browser.set_window_size(width, 1000)
+                width_now = width
+            found[width] = {name: browser.execute_script(script) for name, widths, script in applying if width in widths}
     finally:
         if width_now != 1400:
             browser.set_window_size(1400, 1000)
