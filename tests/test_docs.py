@@ -137,7 +137,10 @@ class Anchors(HTMLParser):
             self.relations[attrs["rel"]] = attrs["href"]
 
 
+@functools.cache
 def anchors(page: Path) -> Anchors:
+    """The page parsed once per run: the link checks and the reading-order check share it (a
+    notebook's page takes a fraction of a second to parse)."""
     parser = Anchors()
     parser.feed(page.read_text(encoding="utf-8"))
     return parser
@@ -432,16 +435,20 @@ def browser(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def visits(site, browser) -> dict[str, dict]:
-    """Every page opened once: what the page shows, its console errors and its network requests."""
+    """Every page opened once, at 1400 px: what the page shows, its console errors and its network
+    requests, and its layout at 1400, 900 and 390 px (`layouts`). Loading a page is what takes the
+    time (its MathJax, its images), so every browser check of a page reads this one visit."""
     reports = {}
     for page in pages(site):
+        name = page.relative_to(site).as_posix()
         browser.get_log("browser"), browser.get_log("performance")  # drop what came before this page
         browser.get(page.as_uri())
         report = browser.execute_async_script(INSPECT_PAGE)
+        report["layout"] = layouts(browser, name)
         report["errors"] = [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
         events = [json.loads(entry["message"])["message"] for entry in browser.get_log("performance")]
         report["requests"] = [e["params"]["request"]["url"] for e in events if e["method"] == "Network.requestWillBeSent"]
-        reports[page.relative_to(site).as_posix()] = report
+        reports[name] = report
     return reports
 
 
@@ -507,34 +514,29 @@ return {
 
 @needs_chromium
 @pytest.mark.parametrize("width", [1400, 900, 390])
-def test_annotated_pages_fit_the_screen(site, browser, width):
+def test_annotated_pages_fit_the_screen(visits, width):
     """labml's form. At 1400 px: no right-hand contents, notes and code side by side with a gutter,
     the code column holds 88 characters, code lines never wrap, and only a line longer than 88
     characters scrolls. At 900 and 390 px the columns are stacked and nothing is wider than the
     screen. At every width each row with code has a note."""
-    browser.set_window_size(width, 1000)
-    try:
-        for module in ANNOTATED_MODULES:
-            browser.get((site / "annotated" / f"{module}.html").as_uri())
-            layout = browser.execute_script(ANNOTATED_LAYOUT)
-            rows = [row for row in layout["rows"] if row["code"]]
-            assert rows, f"{module}: no annotated rows with code"
-            assert not [r["id"] for r in rows if not r["note"]], f"{module}: rows with an empty note"
-            assert not [r["id"] for r in rows if r["wraps"]], f"{module}: code lines wrap"
-            assert layout["page"] <= 0, f"{module} at {width} px: the page scrolls sideways by {layout['page']} px"
-            if width == 1400:
-                assert layout["toc"] == 0, f"{module}: the right-hand contents take {layout['toc']} px"
-                assert all(not r["stacked"] and r["gutter"] >= 12 for r in rows), (
-                    f"{module}: columns not side by side with a gutter: "
-                    f"{[(r['id'], r['gutter']) for r in rows if r['stacked'] or r['gutter'] < 12]}")
-                narrow = [r["id"] for r in rows if r["inner"] < r["width88"]]
-                assert not narrow, f"{module}: code columns narrower than 88 characters: {narrow}"
-                scrolling = [r["id"] for r in rows if r["overflow"] > 0 and r["longest"] <= 88]
-                assert not scrolling, f"{module}: code blocks of lines <= 88 characters scroll: {scrolling}"
-            else:
-                assert all(r["stacked"] for r in rows), f"{module} at {width} px: the columns are not stacked"
-    finally:
-        browser.set_window_size(1400, 1000)
+    for module in ANNOTATED_MODULES:
+        layout = visits[f"annotated/{module}.html"]["layout"][width]["annotated"]
+        rows = [row for row in layout["rows"] if row["code"]]
+        assert rows, f"{module}: no annotated rows with code"
+        assert not [r["id"] for r in rows if not r["note"]], f"{module}: rows with an empty note"
+        assert not [r["id"] for r in rows if r["wraps"]], f"{module}: code lines wrap"
+        assert layout["page"] <= 0, f"{module} at {width} px: the page scrolls sideways by {layout['page']} px"
+        if width == 1400:
+            assert layout["toc"] == 0, f"{module}: the right-hand contents take {layout['toc']} px"
+            assert all(not r["stacked"] and r["gutter"] >= 12 for r in rows), (
+                f"{module}: columns not side by side with a gutter: "
+                f"{[(r['id'], r['gutter']) for r in rows if r['stacked'] or r['gutter'] < 12]}")
+            narrow = [r["id"] for r in rows if r["inner"] < r["width88"]]
+            assert not narrow, f"{module}: code columns narrower than 88 characters: {narrow}"
+            scrolling = [r["id"] for r in rows if r["overflow"] > 0 and r["longest"] <= 88]
+            assert not scrolling, f"{module}: code blocks of lines <= 88 characters scroll: {scrolling}"
+        else:
+            assert all(r["stacked"] for r in rows), f"{module} at {width} px: the columns are not stacked"
 
 
 # Run on an API page: the [source] and [annotated] links that stick out of their signature's box.
@@ -551,64 +553,82 @@ return [...document.querySelectorAll("dl.py > dt")].flatMap(dt => {
 
 @needs_chromium
 @pytest.mark.parametrize("width", [1400, 390])
-def test_api_links_stay_on_their_signature(site, browser, width):
+def test_api_links_stay_on_their_signature(visits, width):
     """The `[source]` and `[annotated]` links of an API entry sit inside its signature, never over
     the description below it (the theme floats them right, where they overlapped AFTSimple's)."""
-    browser.set_window_size(width, 1000)
-    try:
-        outside = {}
-        for module in PUBLIC_MODULES:
-            browser.get((site / "api" / f"{module}.html").as_uri())
-            found = browser.execute_script(LINKS_OUTSIDE_SIGNATURE)
-            if found:
-                outside[module] = found
-        assert not outside
-    finally:
-        browser.set_window_size(1400, 1000)
+    outside = {module: found for module in PUBLIC_MODULES
+               if (found := visits[f"api/{module}.html"]["layout"][width]["api links"])}
+    assert not outside
 
 
 # Run on a page: the names in code in its title that the browser broke over two lines.
-TITLE_NAMES_BROKEN = """
-return [...document.querySelectorAll("article[role=main] h1 code")]
+TITLE_CODE = "article[role=main] h1 code"
+TITLE_NAMES_BROKEN = f"""
+return [...document.querySelectorAll("{TITLE_CODE}")]
   .filter(code => code.getClientRects().length > 1).map(code => code.textContent);
 """
 
 
 @needs_chromium
-def test_titles_keep_a_name_on_one_line_on_a_phone(site, browser):
+def test_titles_keep_a_name_on_one_line_on_a_phone(visits):
     """At 390 px a title that names a module (`aftalibi.experiment_files`, `aftalibi/alibi.py`)
     keeps the name on one line: at the theme's title size it broke in the middle of the name."""
-    browser.set_window_size(390, 1000)
+    checked = {page: r["layout"][390]["titles"] for page, r in visits.items() if "titles" in r["layout"].get(390, {})}
+    assert {f"api/{module}.html" for module in PUBLIC_MODULES} <= set(checked), "titles naming a module not checked"
+    broken = {page: names for page, names in checked.items() if names}
+    assert not broken, f"titles whose names break over two lines at 390 px: {broken}"
+
+
+def wide_math(selector: str) -> str:
+    """A script to run on a page MathJax has typeset: its display formulas (`selector`) that are
+    wider than the box that holds them."""
+    return (f"return [...document.querySelectorAll({json.dumps(selector)})]"
+            ".filter(m => m.scrollWidth > m.clientWidth).map(m => m.textContent.trim().slice(0, 60));")
+
+
+# What the browser measures of a page's layout: (the check's name, the widths in px, the folder of
+# the pages it applies to ("" for every page), the elements its script measures where a page
+# without them has nothing to find (None: any page of the folder), its script). `visits` runs them
+# on each page.
+LAYOUT_CHECKS = [
+    ("annotated", (1400, 900, 390), "annotated/", None, ANNOTATED_LAYOUT),
+    ("api links", (1400, 390), "api/", None, LINKS_OUTSIDE_SIGNATURE),
+    ("titles", (390,), "", TITLE_CODE, TITLE_NAMES_BROKEN),
+    ("formulas", (1400,), "annotated/", None, wide_math("div.annotated-notes div.math")),
+    ("formulas", (1400,), "notebooks/", None, wide_math("div.math")),
+]
+
+
+def layouts(browser, page: str) -> dict[int, dict]:
+    """{width: {check: what its script found}} for the LAYOUT_CHECKS that apply to `page`, which
+    the browser shows at 1400 px, typeset. For a narrower width the window is narrowed and the same
+    page measured: its layout is the stylesheets' (media queries), which a narrowed window applies
+    as a page opened at that width has them, while opening it again would cost as much as the first
+    time. A page is narrowed only for the checks that have something to measure on it (a notebook's
+    title holds no name in code). The window is back at 1400 px after."""
+    applying = [(name, widths, script) for name, widths, folder, elements, script in LAYOUT_CHECKS
+                if page.startswith(folder) and (elements is None or browser.execute_script(
+                    "return document.querySelector(arguments[0]) !== null", elements))]
+    found, width_now = {}, 1400
     try:
-        broken = {}
-        for page in pages(site):
-            browser.get(page.as_uri())
-            names = browser.execute_script(TITLE_NAMES_BROKEN)
-            if names:
-                broken[page.relative_to(site).as_posix()] = names
-        assert not broken, f"titles whose names break over two lines at 390 px: {broken}"
+        for width in sorted({width for _, widths, _ in applying for width in widths}, reverse=True):
+            if width != width_now:
+                browser.set_window_size(width, 1000)
+                width_now = width
+            found[width] = {name: browser.execute_script(script) for name, widths, script in applying if width in widths}
     finally:
-        browser.set_window_size(1400, 1000)
-
-
-# Run on a page after MathJax finished: the display formulas wider than the box that holds them.
-WIDE_MATH = """
-const [selector, done] = arguments;
-Promise.resolve(window.MathJax && MathJax.startup && MathJax.startup.promise).then(() => done(
-  [...document.querySelectorAll(selector)].filter(m => m.scrollWidth > m.clientWidth)
-    .map(m => m.textContent.trim().slice(0, 60))));
-"""
+        if width_now != 1400:
+            browser.set_window_size(1400, 1000)
+    return found
 
 
 @needs_chromium
-@pytest.mark.parametrize("page,selector", [
-    *((f"annotated/{module}.html", "div.annotated-notes div.math") for module in ANNOTATED_MODULES),
-    *((f"notebooks/{notebook.stem}.html", "div.math") for notebook in NOTEBOOKS)])
-def test_formulas_fit_their_column(site, browser, page, selector):
+@pytest.mark.parametrize("page", [*(f"annotated/{module}.html" for module in ANNOTATED_MODULES),
+                                  *(f"notebooks/{notebook.stem}.html" for notebook in NOTEBOOKS)])
+def test_formulas_fit_their_column(visits, page):
     """At 1400 px every display formula fits its column (on an annotated page, the narrow notes
     column): none scrolls sideways."""
-    browser.get((site / page).as_uri())
-    wide = browser.execute_async_script(WIDE_MATH, selector)
+    wide = visits[page]["layout"][1400]["formulas"]
     assert not wide, f"{page}: formulas wider than their column: {wide}"
 
 
@@ -679,7 +699,6 @@ def test_nothing_is_requested_from_the_network(visits):
 
 @needs_chromium
 def test_internal_links_resolve(site, visits):
-    ids: dict[Path, set[str]] = {}
     broken = []
     for page, report in visits.items():
         for link in report["links"]:
@@ -693,9 +712,7 @@ def test_internal_links_resolve(site, visits):
                 continue
             fragment = unquote(url.fragment)
             if fragment and target.suffix == ".html":
-                if target not in ids:
-                    ids[target] = anchors(target).ids
-                if fragment not in ids[target]:
+                if fragment not in anchors(target).ids:
                     broken.append(f"{page} -> {link} (no such anchor)")
     assert not broken, "\n".join(broken)
     assert sum(len(r["links"]) for r in visits.values()) > 100
@@ -731,14 +748,17 @@ class QuietHandler(http.server.SimpleHTTPRequestHandler):
         pass
 
 
-# Run on the search page: the summaries, once the search has shown every result.
+# Run on the search page: the summaries, once the search has shown every result. A page's result
+# gets its summary once the page is fetched; an object's result (an API entry, shown with its
+# description in a <span>) gets none; a result still without a summary after 40 polls is left out.
 SEARCH_SUMMARIES = """
 const done = arguments[0];
 const poll = () => {
   const status = document.querySelector("#search-results .search-summary, #search-results p");
   const items = [...document.querySelectorAll("#search-results ul.search li")];
   const finished = status && /finished|did not match/i.test(status.textContent);
-  if (finished && items.every(li => li.querySelector("p.context") || li.dataset.checked)) {
+  const settled = li => li.querySelector("p.context, :scope > span") || li.dataset.checked;
+  if (finished && items.every(settled)) {
     done(items.map(li => li.querySelector("p.context")?.textContent || ""));
   } else {
     items.forEach(li => { if (!li.querySelector("p.context")) li.dataset.waits = (+li.dataset.waits || 0) + 1;

@@ -94,13 +94,22 @@ def page_problems(extracted: list[str], done: dict[str, tuple[str, bool]]) -> li
 
 
 @pytest.fixture(scope="module")
-def extracted(tmp_path_factory, docs_tree_lock):
-    """The current English messages of the complete pages and of the notebooks they share."""
-    pages = sorted({page for _, page in COMPLETE} | {nb for _, page in COMPLETE for nb in catalogues.shared_notebooks(page)})
-    if not pages:
-        pytest.skip("no language declares a page complete yet")
+def extraction(tmp_path_factory, docs_tree_lock):
+    """The current English messages of the complete pages, of the notebooks they share and of
+    notebook 03, by page: one gettext build for every test here (a page's messages are the same
+    whichever other pages the build reads)."""
+    pages = sorted({page for _, page in COMPLETE} | {nb for _, page in COMPLETE for nb in catalogues.shared_notebooks(page)}
+                   | {NOTEBOOK})
     with docs_tree_lock:
         return catalogues.extract(tmp_path_factory.mktemp("pot"), pages=pages)
+
+
+@pytest.fixture(scope="module")
+def extracted(extraction):
+    """The current English messages of the complete pages and of the notebooks they share."""
+    if not COMPLETE:
+        pytest.skip("no language declares a page complete yet")
+    return extraction
 
 
 def test_manifest_names_pages_that_exist():
@@ -135,15 +144,16 @@ def test_kept_spans_are_checked():
     assert message_problems("*Train Short*, ICLR", "*Train Short*、ICLR") == []
 
 
-def test_a_changed_word_makes_the_page_stale(tmp_path):
+def test_a_changed_word_makes_the_page_stale(tmp_path, extracted_03):
     """One word of one English paragraph of notebook 03 changed in a copy: the page fails, naming
-    that paragraph, and only it (the translations here: the unchanged English, a stand-in)."""
+    that paragraph, and only it (the translations here: the unchanged English, a stand-in). The
+    English before the change is the docs' own; the copy differs from them in that word only."""
     docs = tmp_path / "docs"
     shutil.copytree(DOCS, docs, ignore=shutil.ignore_patterns("_build", "notebooks", "annotated", "api", "*.mo"))
     notebooks = tmp_path / "notebooks"
     notebooks.mkdir()
     shutil.copy2(ROOT / "notebooks" / "03_alibi.ipynb", notebooks)
-    before = catalogues.extract(tmp_path / "before", docs=docs, pages=[NOTEBOOK], notebooks=notebooks)[NOTEBOOK]
+    before = extracted_03
     translated = {m.id: (re.sub(r"^(\d+)\.", r"\1\\.", m.id), False) for m in before if m.id}
 
     notebook = json.loads((notebooks / "03_alibi.ipynb").read_text("utf-8"))
@@ -173,9 +183,8 @@ def test_display_math_and_the_colab_badge_are_not_messages(extracted_03):
 
 
 @pytest.fixture(scope="module")
-def extracted_03(tmp_path_factory, docs_tree_lock):
-    with docs_tree_lock:
-        return catalogues.extract(tmp_path_factory.mktemp("pot03"), pages=[NOTEBOOK])[NOTEBOOK]
+def extracted_03(extraction):
+    return extraction[NOTEBOOK]
 
 
 def test_annotated_pages_do_not_repeat_notebook_paragraphs():
@@ -258,12 +267,8 @@ BROWSER_LANGUAGES = [language for language, page in COMPLETE if page == NOTEBOOK
 
 @needs_chromium
 @pytest.mark.parametrize("language", BROWSER_LANGUAGES)
-def test_browser_shows_notebook_03_translated(site, browser, language):
-    pages = {}
-    for lang in ["en", language]:
-        browser.get((site / lang / f"{NOTEBOOK}.html").as_uri())
-        pages[lang] = browser.execute_async_script(INSPECT)
-    english, page = pages["en"], pages[language]
+def test_browser_shows_notebook_03_translated(site, notebook_03, language):
+    english, page = notebook_03["en"], notebook_03[language]
     title = next(m for m in catalogues.read(catalogues.catalogue_path(language, NOTEBOOK)) if m.id.startswith("3. "))
     assert page["title"] == title.string.replace("\\.", ".") != english["title"]
     assert page["math"] == english["math"] > 10 and page["typeset"] == page["math"] and not page["mathErrors"]
@@ -305,19 +310,36 @@ return found;
 KINSOKU = "ぁぃぅぇぉっゃゅょゎゕゖァィゥェォッャュョヮヵヶー、。，．）」』】〕〉》"
 
 
+@pytest.fixture(scope="module")
+def notebook_03(site, browser) -> dict:
+    """Notebook 03 opened once in English and in each language that declares it complete, at
+    1400 px: what INSPECT reads of each, by language. On the Japanese page, its line starts
+    (LINE_STARTS) at 1400 px and, the window narrowed on the same page, at 390 px ("ja line
+    starts": {width: found}): the browser breaks the lines of a narrowed window as those of a page
+    opened at that width."""
+    opened = {}
+    for language in dict.fromkeys(["en", *BROWSER_LANGUAGES, "ja"]):
+        browser.get((site / language / f"{NOTEBOOK}.html").as_uri())
+        opened[language] = browser.execute_async_script(INSPECT)
+        if language == "ja":
+            starts = {1400: browser.execute_script(LINE_STARTS, KINSOKU)}
+            browser.set_window_size(390, 1000)
+            try:
+                starts[390] = browser.execute_script(LINE_STARTS, KINSOKU)
+            finally:
+                browser.set_window_size(1400, 1000)
+            opened["ja line starts"] = starts
+    return opened
+
+
 @needs_chromium
 @pytest.mark.parametrize("width", [1400, 390])
-def test_japanese_lines_do_not_start_with_a_small_kana(site, browser, width):
+def test_japanese_lines_do_not_start_with_a_small_kana(notebook_03, width):
     """Notebook 03 in Japanese breaks its lines by Japanese rules (kinsoku): no line starts with a
     small kana, the prolonged sound mark or closing punctuation. The browser's default line
     breaking did ("パ / ッケージ" in the introduction, "アテンシ / ョン" in the title)."""
-    browser.set_window_size(width, 1000)
-    try:
-        browser.get((site / "ja" / f"{NOTEBOOK}.html").as_uri())
-        starts = browser.execute_script(LINE_STARTS, KINSOKU)
-        assert not starts, f"lines starting with a character kinsoku keeps off a line's start: {starts}"
-    finally:
-        browser.set_window_size(1400, 1000)
+    starts = notebook_03["ja line starts"][width]
+    assert not starts, f"lines starting with a character kinsoku keeps off a line's start: {starts}"
 
 def test_english_single_language_build_has_no_switcher():
     """tests/test_docs.py builds English alone: no switcher (its links would lead nowhere)."""
