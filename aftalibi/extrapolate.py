@@ -659,13 +659,23 @@ def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
             keys = F.linear(x.double(), layer.to_k.weight.double(), bias)  # [B, T, k]
             length, window = keys.shape[1], layer.window
             if isinstance(layer, AFTConv):  # w_{t, t-j} = kernel[head, j], per head
-                biases = layer.effective_kernel().double().T[:, None, :]  # [s, 1, h]
+                kernel = layer.effective_kernel().double().T  # [s, h]
+                biases = kernel[:, None, :].expand(-1, length, -1)  # [s, T, h]
             else:  # band[t, s - 1 - j] = w_{t, t-j}: [s, T, 1]
                 biases = layer.band[:length, :window].flip(-1).double().T[..., None]
-            log_inside = torch.full_like(keys, -math.inf)  # log sum in the window
-            for j in range(min(window, length)):  # the key j positions back, its bias
-                earlier = F.pad(keys[:, : length - j], (0, 0, j, 0), value=-math.inf)
-                log_inside = torch.logaddexp(log_inside, earlier + biases[j])
+            reach = min(window, length)
+
+            def back(j: int) -> Tensor:  # K_{t-j} + w_{t,t-j} at t >= j: [B, T-j, k]
+                return keys[:, : length - j] + biases[j, j:]
+
+            # log sum in the window: its largest term m_t plus log sum e^{term - m_t}
+            top = back(0)
+            for j in range(1, reach):
+                top[:, j:] = torch.maximum(top[:, j:], back(j))
+            total = torch.zeros_like(keys)
+            for j in range(reach):
+                total[:, j:] += (back(j) - top[:, j:]).exp_()
+            log_inside = top + total.log()
             prefix = torch.logcumsumexp(keys, dim=1)  # log sum_{t' <= t} e^{K_t'}
             log_outside = F.pad(prefix[:, : max(length - window, 0)],
                                 (0, 0, min(window, length), 0), value=-math.inf)

@@ -1,7 +1,7 @@
 """Training steps of this checkout against those of another commit, side by side in one process.
 
     python benchmarks/compare_commits.py --base aa94cd7 [--models aft-local alibi demo] [--steps 40]
-                                         [--threads 2] [--precision bfloat16 float32]
+                                         [--threads 2] [--precision bfloat16 float32] [--batch-size N]
 
 The way to check that a change did not slow training down on a shared machine, where two runs
 minutes apart can differ by 30%. The base commit's package is exported with `git archive` into a
@@ -75,9 +75,10 @@ def build(package: str, name: str):
     return model, optimizer
 
 
-def compare(name: str, steps: int, bf16: bool) -> dict[str, float]:
-    """Median seconds per step of this checkout and of the base, the two alternating step by step."""
-    _, seq_len, batch, _ = MODELS[name]
+def compare(name: str, steps: int, batch: int, bf16: bool) -> dict[str, float]:
+    """Median seconds per step of this checkout and of the base, the two alternating step by step,
+    on `batch` windows per step."""
+    _, seq_len, _, _ = MODELS[name]
     runs = {"this": build("aftalibi", name), "base": build(BASE, name)}
     inputs, targets = torch.randint(0, 80, (2, batch, seq_len), generator=torch.Generator().manual_seed(0))
     times = {side: [] for side in runs}
@@ -96,9 +97,13 @@ def main() -> None:
     parser.add_argument("--base", required=True, help="the commit to compare with (a hash, a tag, HEAD~3, ...)")
     parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, help="windows per step instead of each model's own (a smaller "
+                        "one checks that the script runs, in seconds)")
     add_cpu_options(parser)
     parser.add_argument("--precision", nargs="+", choices=["bfloat16", "float32"], default=["bfloat16", "float32"])
     args = parser.parse_args()
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     print(set_up_cpu(args))
     with tempfile.TemporaryDirectory() as folder:
         commit = export_package(args.base, Path(folder))
@@ -111,8 +116,9 @@ def main() -> None:
         print(f"{'model':>10} {'precision':>10} {'this':>12} {'base':>12} {'this / base time':>17}")
         for name in args.models:
             _, seq_len, batch, _ = MODELS[name]
+            batch = args.batch_size or batch
             for precision in args.precision:
-                seconds = compare(name, args.steps, bf16=precision == "bfloat16")
+                seconds = compare(name, args.steps, batch, bf16=precision == "bfloat16")
                 print(f"{name:>10} {precision:>10} {batch * seq_len / seconds['this']:>10,.0f}/s "
                       f"{batch * seq_len / seconds['base']:>10,.0f}/s {seconds['this'] / seconds['base']:>17.3f}")
 

