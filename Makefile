@@ -1,7 +1,7 @@
 # One-command set-up: every target builds the virtual environment it needs first.
 #   make demo   - the main job (runs on a CPU with the built-in defaults)
 #   make test   - everything: unit tests, every notebook under nbval as Colab opens it, docs in a browser
-#   make check  - the inner loop (3.6 min on 2 cores): unit tests and the export check, no test marked slow
+#   make check  - the inner loop (1.7 min on 2 cores): unit tests and the export check, no test marked slow
 #   make docs   - the HTML docs, offline, in English, Japanese and Sinhala, into docs/_build/html
 #   make translations - refresh the catalogues docs/locales/ after the English changed; coverage
 #   make lab    - JupyterLab on the notebooks (installs the notebooks extra once)
@@ -53,8 +53,9 @@ test: $(STAMP) $(COLAB_WHEELS)
 	$(BIN)/python -m pytest $(PYTEST_PARALLEL)
 
 # The quick tier: tests/ without the notebooks under nbval and without the tests marked slow (the
-# Triton kernels in Triton's interpreter, the benchmark scripts and fault injection, the docs build
-# and browser); the export and sync checks (tests/test_repository.py) included.
+# Triton kernels in Triton's interpreter, the benchmark scripts and fault injection, data-parallel
+# process groups, inductor's compilations, the docs build, extraction and browser); the export and
+# sync checks (tests/test_repository.py) included.
 check: $(STAMP)
 	$(BIN)/python -m pytest tests $(PYTEST_PARALLEL) -m "not slow"
 

@@ -76,8 +76,8 @@ def docs_site(tmp_path_factory, worker_id, docs_tree_lock) -> Path:
 
 
 def pytest_collection_modifyitems(items):
-    """A test that needs the docs built (minutes) is slow by what it uses: `make check` leaves
-    it out."""
+    """A test that needs the docs built (minutes) or their messages extracted (Sphinx's gettext
+    builder) is slow by what it uses: `make check` leaves it out."""
     for item in items:
-        if "docs_site" in getattr(item, "fixturenames", ()):
+        if {"docs_site", "extraction"} & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)

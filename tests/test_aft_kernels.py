@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 import torch
-from hypothesis import example, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -31,11 +31,12 @@ needs_triton = pytest.mark.skipif(TRITON_ON_CPU is not None, reason=str(TRITON_O
 GPU_KERNELS = [GPU, pytest.param("triton", marks=[needs_triton, pytest.mark.slow])]
 
 
-@pytest.fixture(autouse=True, scope="module")
+@pytest.fixture(autouse=True)
 def interpreter_without_overflow_checks():
     """Triton's interpreter checks every integer +, - and * of a kernel for int32 overflow, a debugging
     aid that compiled kernels leave out: 40% of the interpreter's time here, for offsets that at these
-    sizes stay below 2^20, where no check can fire. The kernels compute the same without it."""
+    sizes stay below 2^20, where no check can fire. The kernels compute the same without it. Per test
+    (the property tests' examples share it, which is why they let a function-scoped fixture be)."""
     builder = None
     if aft_triton.TRITON_AVAILABLE and aft_triton.INTERPRETED:
         from triton.runtime.interpreter import interpreter_builder as builder
@@ -181,7 +182,7 @@ def assert_variant_equals_the_reference(implementation, op, batch, length, windo
         torch.testing.assert_close(got, wanted, rtol=1e-9, atol=1e-9, msg=lambda m: f"grad of {name}: {m}")
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @with_boundary_cases
 @given(**VARIANTS)
 def test_every_variant_and_its_gradients_equal_the_float64_reference(op, batch, length, window, heads, causal,
@@ -194,7 +195,7 @@ def test_every_variant_and_its_gradients_equal_the_float64_reference(op, batch, 
 # fewer drawn examples than for the blockwise path.
 @needs_triton
 @pytest.mark.slow
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @with_boundary_cases
 @given(**VARIANTS)
 def test_the_triton_kernels_and_their_gradients_equal_the_float64_reference(op, batch, length, window, heads, causal,
@@ -347,6 +348,7 @@ needs_cxx = pytest.mark.skipif(not any(shutil.which(cxx) for cxx in (os.environ.
 
 
 @needs_cxx
+@pytest.mark.slow  # inductor generates and compiles C++ for every graph
 @pytest.mark.parametrize("name", ["full", "local"])  # the two ways into the kernels: the [T, T] bias and the band
 @pytest.mark.parametrize("implementation", GPU_KERNELS)
 def test_inductor_compiles_the_gpu_paths(implementation, name):

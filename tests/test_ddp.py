@@ -15,6 +15,9 @@ import aftalibi.train as training
 from aftalibi.__main__ import main
 from aftalibi.train import TrainConfig, load_checkpoint, train
 
+# Each test starts a process group (processes that import torch and rendezvous): slow by design.
+pytestmark = pytest.mark.slow
+
 TINY_MODEL = {"d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32}
 ROOT = Path(__file__).resolve().parent.parent
 OPTIMIZER = "muon" if hasattr(torch.optim, "Muon") else "adamw"  # the default, Muon, needs torch >= 2.9

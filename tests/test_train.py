@@ -290,6 +290,7 @@ def test_float16_autocast_with_a_gradient_scaler_trains_like_float32(corpus_file
     assert scaler["scale"] > 1  # the scaler's state is saved, so a resumed run keeps its scale
 
 
+@pytest.mark.slow  # inductor generates and compiles C++ for every graph
 @pytest.mark.parametrize("mixer", list(MIXERS))
 def test_compiled_training_matches_eager(corpus_file, tmp_path, monkeypatch, mixer):
     """--compile traces every mixer (here with the eager backend: dynamo's tracing, no code generation)."""
