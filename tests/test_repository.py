@@ -126,7 +126,11 @@ def test_tests_that_share_fixtures_per_file_run_in_one_worker():
     shared = {f"tests/{path.name}" for path in sorted((ROOT / "tests").glob("test_*.py"))
               if re.search(r"fixture\(.*scope=[\"'](module|class|package)", path.read_text(encoding="utf-8"))}
     assert shared <= set(ONE_WORKER_PER_FILE), f"add to ONE_WORKER_PER_FILE: {sorted(shared - set(ONE_WORKER_PER_FILE))}"
-    assert all((ROOT / path).is_file() for path in (*ONE_WORKER_PER_FILE, *LONGEST_FIRST))
+    assert all((ROOT / path.split("::")[0]).is_file() for path in (*ONE_WORKER_PER_FILE, *LONGEST_FIRST))
+    collected = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:randomly",
+                                *{unit.split("::")[0] for unit in LONGEST_FIRST if "::" in unit}],
+                               cwd=ROOT, capture_output=True, text=True).stdout.split()
+    assert {unit for unit in LONGEST_FIRST if "::" in unit} <= set(collected), "LONGEST_FIRST names a test that is gone"
     assert work_unit("notebooks/06_train.ipynb::Cell 3") == "notebooks/06_train.ipynb"
     assert work_unit("tests/test_docs.py::test_every_page[01]") == "tests/test_docs.py"
     assert work_unit("tests/test_aft.py::test_x[a-b]") == "tests/test_aft.py::test_x[a-b]"
