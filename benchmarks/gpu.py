@@ -1,7 +1,7 @@
 """AFT and ALiBi on a GPU, in one run: correctness, one layer, the whole model, side by side.
 
     python benchmarks/gpu.py                      # one CUDA GPU, a few minutes
-    python benchmarks/gpu.py --device cpu --quick # the same script on a CPU, small sizes, under a minute
+    python benchmarks/gpu.py --device cpu --quick # the same script on a CPU, small sizes, under half a minute
     python benchmarks/gpu.py --triton-launch 8x2  # the Triton kernels with 8 warps and 2 pipeline stages
 
 1. Correctness: every AFT variant (full, simple, local, conv; causal, with padding) and the ALiBi
