@@ -43,12 +43,24 @@ def compare_every_cell(items):
 # A test over this long that is not marked `slow` is named in every run's output (SuiteTime).
 SLOW_TEST_SECONDS = 30.0
 
+# The groups whose times every run prints: a test file's group, or "unit tests".
+GROUPS = {"notebooks under nbval, as Colab opens them": ("notebooks/",),
+          "docs build and browser": ("tests/test_docs.py", "tests/test_translations.py"),
+          "benchmark scripts and fault injection": ("tests/test_benchmarks.py",),
+          "signals, processes and runs": ("tests/test_runs.py", "tests/test_run_guarantees.py",
+                                          "tests/test_cli.py", "tests/test_ddp.py")}
+
+
+def group_of(path: str) -> str:
+    return next((name for name, prefixes in GROUPS.items() if path.startswith(prefixes)), "unit tests")
+
 
 class SuiteTime:
-    """A guard that keeps the suite fast: every run ends with its wall time, its slowest files and
-    tests, and each test over SLOW_TEST_SECONDS that is not marked `slow`, one line each, so that a
-    new slow test is seen the day it lands (CONTRIBUTING.md). Under pytest-xdist the controller
-    receives every worker's reports, so its totals cover the whole run."""
+    """A guard that keeps the suite fast: every run ends with its wall time, the time of each
+    group (GROUPS), its slowest files and tests, and each test over SLOW_TEST_SECONDS that is not
+    marked `slow`, one line each, so that a new slow test is seen the day it lands
+    (CONTRIBUTING.md). Under pytest-xdist the controller receives every worker's reports, so its
+    totals cover the whole run."""
 
     shown = 15
 
@@ -73,6 +85,12 @@ class SuiteTime:
         terminalreporter.section("suite time")
         write(f"{len(self.seconds)} tests in {time.perf_counter() - self.start:.0f} s of wall time "
               f"({sum(self.seconds.values()):.0f} s of test time, summed over workers)")
+        per_group = defaultdict(float)
+        for path, seconds in per_file.items():
+            per_group[group_of(path)] += seconds
+        write("groups:")
+        for name, seconds in slowest(per_group):
+            write(f"{seconds:8.1f} s  {name}")
         write("slowest files:")
         for path, seconds in slowest(per_file):
             write(f"{seconds:8.1f} s  {path}")
