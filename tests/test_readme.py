@@ -180,7 +180,7 @@ def test_the_readme_demo_transcript_is_what_make_demo_prints():
                         r"([\d.]+) min; checkpoint: runs/demo/checkpoint\.pt$", transcript, re.M)
     assert closing and closing[1] == evaluations[-1][4], "the closing line must repeat the last evaluation"
     prose = " ".join(section[section.index("```", section.index("```text") + 3):].split())
-    assert f"of the {closing[4]}" in prose and closing[1] in prose, "the prose must state the run's time and loss"
+    assert f"{closing[4]} minutes" in prose and closing[1] in prose, "the prose must state the run's time and loss"
     sample = transcript[transcript.index("--- sample ---\n") + len("--- sample ---\n"):]
     assert len(sample.removesuffix("\n")) == 300, "the sample: the 300 characters `python -m aftalibi train` draws"
 
