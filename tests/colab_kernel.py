@@ -65,8 +65,10 @@ class ColabEnvironment:
     def check_installed(self, folder: Path):
         """torch is still the preinstalled one; aftalibi and its results come from the
         environment (installed by a notebook's install cell), not from this checkout."""
-        where = run([self.python, "-c", "import aftalibi, torch; print(torch.__version__, aftalibi.__file__, "
-                     "sorted(p.name for p in aftalibi.RESULTS_FOLDER.iterdir()))"],
+        # Found, not imported: importing torch after every notebook cost seconds each.
+        where = run([self.python, "-c", "import importlib.metadata as m, importlib.util as u, pathlib; "
+                     "origin = u.find_spec('aftalibi').origin; print(m.version('torch'), origin, "
+                     "sorted(p.name for p in (pathlib.Path(origin).parent / 'results').iterdir()))"],
                     cwd=folder, env=self.kernel_environment).split(" ", 2)
         if where[0] != self.torch:
             raise AssertionError(f"the install replaced torch {self.torch} by {where[0]}")
