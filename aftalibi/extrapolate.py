@@ -23,7 +23,7 @@ from .experiment_files import (
     results_files_held, run_record, save_figure, save_model, save_results,
     saved_model_path, seed_changes, seed_spread, summarize, sweep_summary)
 from .model import LanguageModel, ModelConfig
-from .runs import TrainingDiverged, model_from_checkpoint
+from .runs import TrainingDiverged, model_from_checkpoint, model_shapes
 from .train import (
     TrainConfig, learning_rate_factor, make_optimizer, mixed_precision, optimizer_step,
     select_device, training_precision)
@@ -257,8 +257,7 @@ class ExtrapolationConfig:
 
 
 def _parameter_count(config: ModelConfig) -> int:
-    with torch.device("meta"):  # shapes only: nothing is allocated or initialised
-        return LanguageModel(config).num_parameters()
+    return model_shapes(config).num_parameters()  # nothing allocated (Appendix D)
 
 # %% ../notebooks/07_extrapolation.ipynb #e0c29df7
 def training_place(device: str | torch.device = "auto",

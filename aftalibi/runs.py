@@ -30,16 +30,17 @@ from .model import LanguageModel, ModelConfig
 # %% auto #0
 __all__ = ['CHECKPOINT_FORMAT', 'CHECKPOINT_FIELDS', 'OPTIONAL_CHECKPOINT_FIELDS', 'HELD_SIGNALS', 'FLOAT_LIMITS', 'DEMO_MODEL',
            'PRESETS', 'TRAIN_OPTION_HELP', 'EVAL_SEQ_LEN', 'RESUMABLE', 'CheckpointError', 'WriteFailed',
-           'content_checksum', 'sync_folder', 'signals_held', 'replace_atomically', 'process_is_running',
-           'remove_stale_temporaries', 'save_checkpoint', 'device_memory', 'tensors_in', 'check_tensors',
-           'load_checkpoint', 'check_entries', 'saved_config', 'check_checkpoint', 'saved_model_options',
-           'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only', 'resumed_options',
-           'check_option_types', 'check_resumable', 'corpus_checksum', 'check_new_run', 'RunInUse', 'TrainingDiverged',
-           'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'check_run_folders', 'run_lock',
-           'locked_descriptor', 'check_train_options', 'check_model_memory', 'check_attention_memory', 'Distributed',
-           'process_group', 'mean_over_ranks', 'Progress', 'labml_run', 'validation_length', 'documented',
-           'select_device', 'cpu_has_bf16_matmul', 'resumed_config', 'run_settings', 'run_device', 'check_eval_length',
-           'OpenedRun', 'open_run', 'Optimizers', 'Run', 'run_folder', 'training_session', 'save_on_stop']
+           'content_checksum', 'sync_folder', 'signals_held', 'model_shapes', 'replace_atomically',
+           'process_is_running', 'remove_stale_temporaries', 'save_checkpoint', 'device_memory', 'tensors_in',
+           'check_tensors', 'load_checkpoint', 'check_entries', 'saved_config', 'check_checkpoint',
+           'saved_model_options', 'trained_context', 'model_from_checkpoint', 'check_finite_weights', 'model_only',
+           'resumed_options', 'check_option_types', 'check_resumable', 'corpus_checksum', 'check_new_run', 'RunInUse',
+           'TrainingDiverged', 'Terminated', 'sigterm_stops_like_ctrl_c', 'check_writable', 'check_run_folders',
+           'run_lock', 'locked_descriptor', 'check_train_options', 'check_model_memory', 'check_attention_memory',
+           'Distributed', 'process_group', 'mean_over_ranks', 'Progress', 'labml_run', 'validation_length',
+           'documented', 'select_device', 'cpu_has_bf16_matmul', 'resumed_config', 'run_settings', 'run_device',
+           'check_eval_length', 'OpenedRun', 'open_run', 'Optimizers', 'Run', 'run_folder', 'training_session',
+           'save_on_stop']
 
 # %% ../notebooks/11_runs.ipynb #d0a1b2c9
 CHECKPOINT_FORMAT = "aftalibi-checkpoint-v1"
@@ -126,6 +127,16 @@ def signals_held(signal_numbers=HELD_SIGNALS, *, deliver: bool = True):
         if deliver:
             for number in dict.fromkeys(received):  # each once, in the order they came
                 signal.raise_signal(number)
+
+
+def model_shapes(config: ModelConfig) -> LanguageModel:
+    """`config`'s model on torch's meta device: its parameters' shapes and count, with
+    nothing allocated or initialised. Signals are held while torch's device context is
+    open: a Ctrl-C or SIGTERM raised inside its entry or exit would leave torch's mode
+    stack unbalanced, and the run would end in torch's "pop from empty mode stack"
+    instead of stopping as the signal asks."""
+    with signals_held(), torch.device("meta"):
+        return LanguageModel(config)
 
 
 def replace_atomically(path: Path, write: Callable[[BinaryIO], None]) -> None:
@@ -305,8 +316,7 @@ def check_checkpoint(state: dict, source: Path | str = "checkpoint") -> None:
         raise CheckpointError(f"{source}: model_config has n_layers={config.n_layers} "
                               f"but the weights hold {len(blocks)} blocks")
     try:
-        with torch.device("meta"):  # shapes only: nothing is allocated
-            expected = LanguageModel(config)
+        expected = model_shapes(config)
     except (TypeError, ValueError, RuntimeError) as error:
         raise CheckpointError(
             f"{source}: model_config does not build a model ({error})") from None
@@ -691,8 +701,7 @@ def check_model_memory(model: ModelConfig, device: torch.device) -> None:
     memory = device_memory(device)
     if memory is None:
         return
-    with torch.device("meta"):  # shapes only
-        parameters = LanguageModel(model).num_parameters()
+    parameters = model_shapes(model).num_parameters()
     if 16 * parameters > memory:
         raise ValueError(f"the model has {parameters:,} parameters: their weights, "
                          "gradients and optimizer state (16 bytes each) need "

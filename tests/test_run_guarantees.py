@@ -16,6 +16,7 @@ import torch
 import aftalibi.train as training
 from aftalibi.__main__ import main
 from aftalibi.model import LanguageModel, ModelConfig
+from aftalibi.runs import model_shapes
 from aftalibi.train import CheckpointError, TrainConfig, load_checkpoint, save_checkpoint, train
 
 OPTIMIZER = "muon" if hasattr(torch.optim, "Muon") else "adamw"
@@ -65,6 +66,31 @@ def test_a_second_signal_during_a_save_is_reported_after_it_and_the_checkpoint_i
     assert "interrupted at step 6: checkpoint saved" in out
     assert "SIGINT during the save: held until the checkpoint was written" in out
 
+
+
+def test_a_signal_while_a_model_is_built_on_the_meta_device_comes_after_torchs_device_context(monkeypatch):
+    """A SIGTERM inside torch's device context once left torch's mode stack unbalanced: the experiment ended in
+    "pop from empty mode stack" (exit 1) instead of stopping with 143. Now it is delivered after the context."""
+    runs, seen_on = module_of(model_shapes), []
+    build = runs.LanguageModel
+
+    def build_hit_by_sigterm(config):
+        signal.raise_signal(signal.SIGTERM)  # as it came once while the device context was being entered
+        return build(config)
+
+    def stop(number, frame):
+        seen_on.append(torch.empty(0).device.type)  # "meta" inside torch's device context
+        raise runs.Terminated(number)
+
+    monkeypatch.setattr(runs, "LanguageModel", build_hit_by_sigterm)
+    previous = signal.signal(signal.SIGTERM, stop)
+    try:
+        with pytest.raises(runs.Terminated):
+            model_shapes(ModelConfig(vocab_size=8, d_model=16, n_layers=1, n_heads=2, d_ff=32))
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert seen_on == ["cpu"]  # delivered once, after the context closed
+    assert torch.empty(0).device.type == "cpu"
 
 @pytest.mark.parametrize("stopped_at", [1, 3], ids=["periodic evaluation", "final evaluation"])
 def test_a_run_stopped_during_an_evaluation_redoes_it_on_resume(corpus_file, tmp_path, monkeypatch, stopped_at):
