@@ -27,8 +27,8 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # nbval runs the notebooks as Colab opens them, offline (tests/colab_kernel.py): a fresh environment
-# installs torch, numpy, matplotlib and ipykernel from these wheels, and then the notebooks' install
-# cell aftalibi's dependencies, all at the versions installed in $(VENV). Only `make test` needs
+# installs torch, numpy, matplotlib, ipykernel and Triton from these wheels, and then the notebooks'
+# install cell aftalibi's dependencies, all at the versions installed in $(VENV). Only `make test` needs
 # them. A torch that no configured index has (a local build) cannot be downloaded: then the
 # notebooks fail and say why (`pytest --nbval --nbval-current-env` runs them in $(VENV) instead).
 $(COLAB_WHEELS): $(STAMP)

