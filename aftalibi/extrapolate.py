@@ -196,7 +196,7 @@ class ExtrapolationConfig:
     def model_config(self, variant: str, vocab_size: int,
                      window: int | None = None) -> ModelConfig:
         """The model of `variant`; with `match_parameters`, the MLP width that brings
-        its parameter count nearest that of `mha-none` at `d_ff`, for every window."""
+        its parameter count nearest `mha-none`'s at `d_ff`, whatever the window."""
         shared = dict(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads,
                       n_layers=self.n_layers, max_len=self.train_len,
                       factor_dim=self.factor_dim, d_ff=self.d_ff)
