@@ -18,7 +18,7 @@ from ._compat import patch_ipython_display_for_labml
 
 patch_ipython_display_for_labml()
 
-# The committed results that notebooks 06 and 07 read (trained models, the extrapolation experiment),
+# The committed results that notebooks 02, 03, 06 and 07 read (trained models, the extrapolation experiment),
 # shipped as package data: wherever aftalibi is installed, they are there, with no checkout and no network.
 RESULTS_FOLDER = pathlib.Path(__file__).parent / "results"
 

@@ -24,7 +24,7 @@ ROOT = Path(__file__).resolve().parent.parent  # the repository checkout this mo
 # (`cellView: form`), as do JupyterLab (`source_hidden`) and the docs (the `hide-input` tag).
 INSTALL_CELL = '''\
 # @title Install aftalibi where it is missing (Colab): this notebook's release
-# The results notebooks 06 and 07 read come with it (6.5 MB); nothing else is fetched.
+# The results the notebooks read come with it (6.5 MB); nothing else is fetched.
 # The installed torch is kept: pip may add packages, never replace it.
 # AFTALIBI_SOURCE, a path or URL of a copy of the repository, is installed instead.
 import importlib.metadata, importlib.util, os, pathlib, subprocess, sys, tempfile

@@ -72,8 +72,7 @@ def resumed_settings(state: dict, model_changes: dict, train_changes: dict,
 
 # %% ../notebooks/06_train.ipynb #b40691a2
 def learning_rate_factor(step: int, config: TrainConfig) -> float:
-    """Linear warmup from 0 to 1, then cosine decay to min_learning_rate / learning_rate
-    at `max_steps`."""
+    """Linear warmup from 0 to 1, then a cosine decay to min / peak at `max_steps`."""
     if step < config.warmup_steps:
         return (step + 1) / config.warmup_steps
     floor = (config.min_learning_rate / config.learning_rate if config.learning_rate
@@ -85,16 +84,13 @@ def learning_rate_factor(step: int, config: TrainConfig) -> float:
 
 
 def learning_rate_at(step: int, config: TrainConfig) -> float:
-    """AdamW's learning rate at `step`: the peak `learning_rate` times the schedule's
-    factor."""
+    """AdamW's learning rate at `step`: the peak `learning_rate` times the factor."""
     return config.learning_rate * learning_rate_factor(step, config)
 
 # %% ../notebooks/06_train.ipynb #c2a84e07
 def training_precision(precision: str, device: torch.device) -> str:
     """What `precision` means on `device`: "bfloat16" or "float16" (autocast of the
-    forward pass), or "float32". auto: bf16 where the hardware multiplies it (compute
-    capability >= 8.0; CPUs with bf16 instructions, `cpu_has_bf16_matmul`), fp16 on
-    the tensor-core GPUs before them (7.x), float32 elsewhere."""
+    forward pass), or "float32"; "auto": the type the hardware multiplies natively."""
     if precision != "auto":
         return precision
     if device.type == "cuda":
@@ -108,9 +104,8 @@ def training_precision(precision: str, device: torch.device) -> str:
 
 def mixed_precision(device: torch.device,
                     precision: str) -> tuple[torch.autocast, torch.amp.GradScaler]:
-    """The forward pass's autocast and the gradient scaler for `precision` (one of
-    `training_precision`'s answers) on `device`. The scaler is on for float16 only;
-    off, it passes the loss and the steps through unchanged."""
+    """The forward pass's autocast and the gradient scaler (on for float16 only; off, a
+    pass-through) for `precision` (`training_precision`'s answer) on `device`."""
     autocast = torch.autocast(
         device.type, dtype=torch.float16 if precision == "float16" else torch.bfloat16,
         enabled=precision != "float32")
@@ -118,8 +113,7 @@ def mixed_precision(device: torch.device,
 
 # %% ../notebooks/06_train.ipynb #49c21c7f
 def muon_parameters(model: LanguageModel) -> list[str]:
-    """Names of the hidden matrices Muon updates: the weight of every linear layer
-    inside the blocks."""
+    """Names of the matrices Muon updates: the weights of the blocks' linear layers."""
     return [f"blocks.{name}.weight" for name, module in model.blocks.named_modules()
             if isinstance(module, torch.nn.Linear)]
 
@@ -140,12 +134,9 @@ def make_optimizer(model: LanguageModel,
     # decay would pull towards w = 0, i.e. towards AFT-simple.
     linear_weights = {id(module.weight) for module in model.modules()
                       if isinstance(module, torch.nn.Linear)}
-    decay = [p for n, p in rest if id(p) in linear_weights]
-    no_decay = [p for n, p in rest if id(p) not in linear_weights]
-    groups = [{"params": decay, "weight_decay": config.weight_decay,
-               "peak_lr": config.learning_rate},
-              {"params": no_decay, "weight_decay": 0.0,
-               "peak_lr": config.learning_rate}]
+    groups = [{"params": [p for _, p in rest if (id(p) in linear_weights) == decayed],
+               "weight_decay": config.weight_decay if decayed else 0.0,
+               "peak_lr": config.learning_rate} for decayed in (True, False)]
     adamw = torch.optim.AdamW([group for group in groups if group["params"]],
                               lr=config.learning_rate, betas=(0.9, 0.95))
     if not hidden:
@@ -227,12 +218,9 @@ def evaluate(model: LanguageModel, tokens: torch.Tensor, seq_len: int, *,
              max_windows: int = 0, batch_size: int = 64, rank: int = 0,
              world_size: int = 1) -> float:
     """Mean next-token cross-entropy (nats) over non-overlapping windows of `tokens`.
-    With `world_size` > 1 this process scores windows rank, rank + world_size, ... and
-    the sums are added over the processes: every rank must call it."""
-    inputs, targets = sequential_windows(tokens, seq_len)
-    if max_windows:
-        inputs, targets = inputs[:max_windows], targets[:max_windows]
-    inputs, targets = inputs[rank::world_size], targets[rank::world_size]  # this rank's
+    With `world_size` > 1 each rank scores every world_size-th window; all call it."""
+    inputs, targets = (windows[:max_windows or None][rank::world_size]  # this rank's
+                       for windows in sequential_windows(tokens, seq_len))
     device, was_training = next(model.parameters()).device, model.training
     model.eval()
     # The sums stay on the device until the end: one read, not one per batch.
@@ -272,9 +260,8 @@ def compact_tokens(tokens: torch.Tensor, vocab_size: int,
 # %% ../notebooks/06_train.ipynb #a1c0ff03
 def start_run(model_config: dict | None, config: TrainConfig, asked: dict,
               resume: bool, overwrite: bool) -> tuple[Run, dict, torch.device]:
-    """The run: its checked settings, corpus and model (Appendix D's `open_run`: a new
-    model, or the one saved in out_dir), the optimizer, the precision and the batch
-    generator; returns the run, its tokens on the device, and the device."""
+    """The run (Appendix D's `open_run`: a new model, or the one saved in out_dir,
+    with its optimizer, precision and batches), its tokens on the device, the device."""
     opened = open_run(model_config, config, asked, resume, overwrite)
     config, model, device = opened.config, opened.model.to(opened.device), opened.device
     precision = training_precision(config.precision, device)
