@@ -1,8 +1,9 @@
 """nbval runs every notebook as "Open in Colab" opens it: the notebook file alone in an empty
 folder, and a kernel of a fresh environment that has what Colab preinstalls (torch, numpy,
-matplotlib, ipykernel) but not aftalibi or its other dependencies. The notebook's own install
-cell installs aftalibi, with the results that notebooks 02, 03, 06 and 07 read, from a copy of this
-checkout (`AFTALIBI_SOURCE`); every cell's output is then compared as nbval compares it.
+matplotlib, ipykernel, Triton) but not aftalibi or its other dependencies. The notebook's own
+install cell installs aftalibi, with the results that notebooks 02, 03, 06 and 07 read, from a
+copy of this checkout (`AFTALIBI_SOURCE`); every cell's output is then compared as nbval
+compares it.
 
 One run of each notebook checks both what it prints and that it needs nothing but itself. What
 Colab preinstalls is installed once per test run, into a base environment that the pytest-xdist
