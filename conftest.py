@@ -1,6 +1,7 @@
 """Test set-up shared by the unit tests (tests/) and the notebooks (notebooks/, under nbval)."""
 
 import os
+import signal
 import time
 from collections import defaultdict
 
@@ -181,7 +182,19 @@ def share_the_cores(config):
     torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 
+def hear_ctrl_c_and_hangups():
+    """Give Ctrl-C (SIGINT) and SIGHUP their default actions if they arrived ignored, in this
+    process and the runs it starts (they inherit them): a suite started in the background by a
+    script (`make test &` ignores SIGINT) or under `nohup` (SIGHUP) would otherwise find its runs
+    deaf to the signals its tests send them, and fail or wait for its time-outs."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(signal, "SIGHUP") and signal.getsignal(signal.SIGHUP) == signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: takes over 30 s by design; `make check` leaves it out")
     config.pluginmanager.register(SuiteTime(), "suite-time")
     share_the_cores(config)
+    hear_ctrl_c_and_hangups()
