@@ -120,14 +120,15 @@ ONE_WORKER_PER_FILE = ("tests/test_docs.py", "tests/test_translations.py",
 # clone's `make test` on 2 idle cores: a whole file or notebook, or a test's node id): keep this in
 # step with it, so that no long unit starts last. tests/test_docs.py builds the site that
 # tests/test_translations.py reads (`docs_site`), so it starts well before it, and the other worker
-# is not left waiting for the build. A notebook's first cell builds its worker's fresh environment.
+# is not left waiting for the build. The run's first notebook builds the base environment that all
+# notebooks share, a worker's first notebook installs aftalibi into its own (tests/colab_kernel.py).
 LONGEST_FIRST = ("tests/test_docs.py", "notebooks/06_train.ipynb", "notebooks/10_aft_triton.ipynb",
-                 "notebooks/02_aft.ipynb",
-                 "tests/test_benchmarks.py::test_fault_injection_kills_runs_and_finds_nothing_lost",
                  "notebooks/07_extrapolation.ipynb",
                  "tests/test_train.py::test_the_shipped_float16_demo_model_scores_what_its_run_recorded",
-                 "notebooks/09_alibi_kernels.ipynb", "tests/test_translations.py",
-                 "tests/test_benchmarks.py::test_gpu_benchmark_runs_on_a_cpu_and_its_correctness_checks_pass")
+                 "tests/test_benchmarks.py::test_fault_injection_kills_runs_and_finds_nothing_lost",
+                 "notebooks/09_alibi_kernels.ipynb",
+                 "tests/test_benchmarks.py::test_gpu_benchmark_runs_on_a_cpu_and_its_correctness_checks_pass",
+                 "tests/test_translations.py")
 
 
 def work_unit(nodeid: str) -> str:

@@ -128,7 +128,7 @@ def build_colab_environment(home: Path, base: Path) -> ColabEnvironment:
     if not WHEELS.is_dir():
         raise RuntimeError(
             f"{WHEELS} is missing: `make test` downloads the wheels that the notebooks' fresh environment "
-            "installs offline (torch, numpy, matplotlib, ipykernel and aftalibi's dependencies, at the "
+            "installs offline (torch, numpy, matplotlib, ipykernel, Triton and aftalibi's dependencies, at the "
             "versions installed); or run a notebook here with `pytest --nbval --nbval-current-env`")
     start = time.perf_counter()
     copy_checkout(home / "aftalibi-source")
